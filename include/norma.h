@@ -1,0 +1,336 @@
+/*
+ * norma.h - the whole public C API of norma, a library of normalization operators.
+ *
+ * BatchNorm for deep learning: training forward (batch statistics, running-statistics update,
+ * save_mean / save_invstd for the backward), inference forward, and backward (dx, dgamma,
+ * dbeta), in f32 / f64 / f16 / bf16 storage with f32-or-wider math, channels-first
+ * ([N, C, spatial...]) and channels-last ([N, spatial..., C]) layouts, fused with ReLU or
+ * residual-add + ReLU.  A split "statistics / apply" API lets a producer (a GEMM, a
+ * convolution) or a distributed runtime own the reduction.
+ *
+ * Conventions that hold for every function below:
+ *  - Every function returns a norma_status.  On any error nothing has been written: no output
+ *    array, no running statistic, no accumulator.  norma_last_error() then returns a message
+ *    that names the offending argument and its value.
+ *  - Tensor arguments are dense, in the layout and dtype of the descriptor.  A tensor has
+ *    n * c * spatial elements.
+ *  - Per-channel arrays (gamma, beta, mean, var, save_mean, save_invstd, running_mean,
+ *    running_var, dgamma, dbeta) have c elements of type double when dtype == NORMA_F64 and
+ *    float otherwise.  Arrays of the split API are always double.
+ *  - In-place use is supported where one output exactly aliases one input of the same size
+ *    (y == x, y == residual, dx == dy, dx == x, dx == y, dresidual == dy).  Any other overlap
+ *    between an output and another argument is rejected with NORMA_ERR_INVALID_ARGUMENT.
+ *  - Results are bitwise identical for every thread count (norma_set_num_threads) on the same
+ *    instruction-set path.
+ *  - Flags that do not apply to a call are ignored, so one descriptor can serve the forward and
+ *    the backward of a layer.  Unknown flag bits are rejected.
+ *
+ * Thread safety: all functions may be called concurrently from several threads on disjoint
+ * outputs.  norma_set_num_threads / norma_set_max_isa / norma_set_use_reference are global
+ * settings: change them while no other call is running.
+ */
+#ifndef NORMA_H
+#define NORMA_H
+
+#include <stdint.h>
+
+#if defined(_WIN32) && defined(NORMA_BUILDING_LIBRARY)
+#define NORMA_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define NORMA_API __attribute__((visibility("default")))
+#else
+#define NORMA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NORMA_VERSION_MAJOR 0
+#define NORMA_VERSION_MINOR 1
+#define NORMA_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status, errors, version, threads                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum norma_status {
+  NORMA_OK = 0,
+  NORMA_ERR_INVALID_ARGUMENT = 1, /* NULL where required, bad enum, size <= 0, eps < 0, overflow */
+  NORMA_ERR_UNSUPPORTED = 2,      /* valid but not implemented */
+  NORMA_ERR_OUT_OF_MEMORY = 3,
+  NORMA_ERR_NONFINITE = 4,        /* only with NORMA_CHECK_FINITE: NaN/Inf seen, outputs untouched */
+  NORMA_ERR_COMMUNICATION = 5     /* SyncBN collective failed */
+} norma_status;
+
+/* A static, human-readable name for s ("NORMA_OK", ...); "unknown status" for other values. */
+NORMA_API const char *norma_status_string(norma_status s);
+
+/* The detail of the last failed call made by this thread (thread-local), e.g.
+   "norma_bn_forward_training: d->c must be > 0 (got 0)".  "" when no call has failed yet.
+   A successful call does not clear it.  The string stays valid until this thread's next
+   failing norma call. */
+NORMA_API const char *norma_last_error(void);
+
+/* The library version, "MAJOR.MINOR.PATCH". */
+NORMA_API const char *norma_version(void);
+
+/* Number of threads the CPU kernels may use.  n <= 0 restores the library default (the OpenMP
+   default, i.e. OMP_NUM_THREADS or the number of processors).  Results do not depend on it. */
+NORMA_API void norma_set_num_threads(int n);
+/* The number of threads the next call may use (>= 1). */
+NORMA_API int norma_get_num_threads(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Instruction-set dispatch                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum norma_isa {
+  NORMA_ISA_SCALAR = 0, /* portable C kernels (compiler-vectorized for the baseline target) */
+  NORMA_ISA_AVX2 = 1    /* x86-64 AVX2 + FMA + F16C kernels */
+} norma_isa;
+
+/* Caps the instruction set the kernels may use at `isa` (the best one the CPU supports at or
+   below it is chosen).  The environment variable NORMA_MAX_ISA=scalar|avx2 sets the initial
+   cap.  Returns NORMA_ERR_INVALID_ARGUMENT for an unknown value. */
+NORMA_API norma_status norma_set_max_isa(norma_isa isa);
+/* The instruction set the kernels use now. */
+NORMA_API norma_isa norma_get_isa(void);
+/* "scalar" or "avx2". */
+NORMA_API const char *norma_isa_name(norma_isa isa);
+
+/* on != 0: every call runs the reference kernels (plain scalar C, double accumulation), the
+   oracle the fast kernels are tested against.  Slow; for debugging and testing.  The
+   environment variable NORMA_USE_REFERENCE=1 sets it initially. */
+NORMA_API void norma_set_use_reference(int on);
+NORMA_API int norma_get_use_reference(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* BatchNorm                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum norma_dtype { NORMA_F32 = 0, NORMA_F64 = 1, NORMA_F16 = 2, NORMA_BF16 = 3 } norma_dtype;
+
+typedef enum norma_layout {
+  NORMA_CHANNELS_FIRST = 0, /* [N, C, spatial...]: NCHW, NCDHW, and [N, C] with spatial = 1 */
+  NORMA_CHANNELS_LAST = 1   /* [N, spatial..., C]: NHWC, NDHWC */
+} norma_layout;
+
+enum {
+  NORMA_BN_RELU = 1u << 0,               /* y = max(0, bn(x)) */
+  NORMA_BN_ADD_RELU = 1u << 1,           /* y = max(0, bn(x) + residual) */
+  NORMA_BN_BIASED_RUNNING_VAR = 1u << 2, /* running_var from the biased batch variance (ONNX) */
+  NORMA_CHECK_FINITE = 1u << 3,          /* scan inputs first; NaN/Inf -> NORMA_ERR_NONFINITE */
+  NORMA_BN_GLOBAL_STATS = 1u << 4        /* backward: save_mean/save_invstd are constants (frozen BN) */
+};
+
+typedef struct norma_bn_desc {
+  int64_t n, c, spatial; /* spatial = product of spatial dims, 1 for [N, C] */
+  norma_layout layout;
+  norma_dtype dtype;     /* storage type of x, y, residual, dy, dx, dresidual */
+  double eps;
+  unsigned flags;
+} norma_bn_desc;
+
+/*
+ * Training forward: statistics of the batch, normalization, optional fused activation, and
+ * the running-statistics update.
+ *
+ *   mean_c  = (1/m) sum x           over the m = n * spatial values of channel c
+ *   var_c   = (1/m) sum (x - mean)^2   (biased)
+ *   invstd  = 1 / sqrt(var + eps)        (eps inside the square root)
+ *   y       = (x - mean) * invstd * gamma + beta
+ *             then max(0, y) with NORMA_BN_RELU, max(0, y + residual) with NORMA_BN_ADD_RELU
+ *   running_mean = (1 - momentum) * running_mean + momentum * mean
+ *   running_var  = (1 - momentum) * running_var  + momentum * var * m / (m - 1)
+ *                  (var itself with NORMA_BN_BIASED_RUNNING_VAR)
+ *
+ * d            descriptor; required.  n, c, spatial >= 1; n * spatial >= 2 (one value per
+ *              channel has no variance: rejected, as PyTorch does); eps >= 0 and finite.
+ * x            [tensor] input; required.
+ * residual     [tensor] required with NORMA_BN_ADD_RELU, ignored otherwise.
+ * gamma, beta  [c] scale and shift; NULL means 1 and 0.
+ * y            [tensor] output; required.  May be x (in place).
+ * save_mean    [c] batch mean, for the backward; may be NULL.
+ * save_invstd  [c] 1 / sqrt(var + eps), for the backward; may be NULL.
+ * running_mean, running_var  [c] updated in place; each may be NULL (then not updated).
+ * momentum     in [0, 1]; checked only when a running statistic is given.
+ *
+ * Flags used: RELU, ADD_RELU (not both), BIASED_RUNNING_VAR, CHECK_FINITE (x, residual, gamma,
+ * beta, running statistics).  NaN/Inf in x without CHECK_FINITE propagate into y and the
+ * statistics of their channel.  var == 0 with eps == 0 gives invstd = +Inf and y = NaN in that
+ * channel, as PyTorch does.
+ *
+ * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
+ */
+NORMA_API norma_status norma_bn_forward_training(const norma_bn_desc *d,
+    const void *x, const void *residual, const void *gamma, const void *beta,
+    void *y, void *save_mean, void *save_invstd,
+    void *running_mean, void *running_var, double momentum);
+
+/*
+ * Inference forward with given statistics: y = (x - mean) / sqrt(var + eps) * gamma + beta,
+ * then the activation of the flags.
+ *
+ * x, y         [tensor] required; y may be x.
+ * residual     [tensor] required with NORMA_BN_ADD_RELU, ignored otherwise.
+ * gamma, beta  [c] NULL means 1 and 0.
+ * mean, var    [c] required (e.g. the running statistics).  var + eps == 0 gives y = NaN
+ *              where x == mean, +-Inf elsewhere, as PyTorch does.
+ *
+ * Flags used: RELU, ADD_RELU, CHECK_FINITE (x, residual, gamma, beta, mean, var).
+ * n * spatial == 1 is allowed here.
+ * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
+ */
+NORMA_API norma_status norma_bn_forward_inference(const norma_bn_desc *d,
+    const void *x, const void *residual, const void *gamma, const void *beta,
+    const void *mean, const void *var, void *y);
+
+/*
+ * Backward.  With g = dy masked by the activation (g = dy where y > 0, else 0, with RELU or
+ * ADD_RELU; g = dy otherwise), x_hat = (x - save_mean) * save_invstd, m = n * spatial:
+ *
+ *   dbeta  = sum g
+ *   dgamma = sum g * x_hat
+ *   dx     = gamma * save_invstd * (g - dbeta / m - x_hat * dgamma / m)
+ *   dx     = gamma * save_invstd * g                  with NORMA_BN_GLOBAL_STATS
+ *   dresidual = g                                     with NORMA_BN_ADD_RELU
+ *
+ * Without GLOBAL_STATS, save_mean is taken to be the batch mean of x rounded to its storage
+ * type: the backward measures that rounding with a sum it accumulates anyway and removes it,
+ * so dx and dgamma keep full accuracy on data whose mean is large against its spread.
+ *
+ * x            [tensor] input of the forward.  Required with RELU or ADD_RELU.  Without them x
+ *              may be NULL when y is given: x_hat is then recovered as (y - beta) / gamma, so x
+ *              need not be kept (requires gamma != 0 in every channel).
+ * y            [tensor] output of the forward; required with RELU / ADD_RELU (the mask is
+ *              y > 0) and when x is NULL; ignored otherwise (may be NULL).
+ * dy           [tensor] gradient of y; required.
+ * gamma, beta  [c] NULL means 1 and 0 (beta is used only to recover x_hat from y).
+ * save_mean, save_invstd [c] required: those written by norma_bn_forward_training, or
+ *              the constants of a frozen layer with GLOBAL_STATS.
+ * dx           [tensor] required; may alias dy, x or y.
+ * dresidual    [tensor] with ADD_RELU: receives g; may be NULL; may alias dy.  Ignored
+ *              without ADD_RELU.
+ * dgamma, dbeta [c] may be NULL when not wanted.
+ *
+ * Flags used: RELU, ADD_RELU, GLOBAL_STATS, CHECK_FINITE (x, y, dy, gamma, beta, save_*).
+ * Without GLOBAL_STATS n * spatial must be >= 2.
+ * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
+ */
+NORMA_API norma_status norma_bn_backward(const norma_bn_desc *d,
+    const void *x, const void *y, const void *dy,
+    const void *gamma, const void *beta, const void *save_mean, const void *save_invstd,
+    void *dx, void *dresidual, void *dgamma, void *dbeta);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inference folding                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* scale = gamma / sqrt(var + eps), shift = beta - mean * scale (computed in double);
+   gamma/beta NULL mean 1 and 0.  mean, var, scale, shift: [c], required.  scale/shift may alias
+   any input.  c >= 1, eps >= 0.  var + eps must be > 0 in every channel. */
+NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float *beta,
+    const float *mean, const float *var, double eps, float *scale, float *shift);
+
+/* Folds BN into the producer that feeds it: weight is [c_out][per_out] (any conv or linear
+   layout with the output channel outermost: OIHW, OI), bias is [c_out]; both updated in place:
+     weight[o][k] *= scale[o];  bias[o] = (bias[o] - mean[o]) * scale[o] + beta[o].
+   bias is required (a producer without bias gets one: pass an array of zeros).
+   c_out, per_out >= 1; var + eps must be > 0 in every channel. */
+NORMA_API norma_status norma_bn_fold_into_weights(int64_t c_out, int64_t per_out, float *weight,
+    float *bias, const float *gamma, const float *beta, const float *mean, const float *var,
+    double eps);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Split API: statistics / apply                                                              */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The training forward and the backward, cut where their reductions end, so that the caller
+ * can own the reduction: merge the statistics of tiles as a producer writes them, or of ranks
+ * in a distributed job (libnorma_mpi is built on these calls).
+ *
+ * Moments.  The moments of a set of values of one channel are (count, mean, m2) with
+ * m2 = sum (x - mean)^2, all in double, so that two sets merge exactly (Chan et al.):
+ *   count = ca + cb;  delta = mean_b - mean_a;
+ *   mean  = mean_a + delta * cb / count;  m2 = m2_a + m2_b + delta^2 * ca * cb / count.
+ * A channel with count 0 has mean 0 and m2 0 and is the identity of the merge.
+ *
+ *   forward:  norma_bn_moments (or norma_bn_moments_accumulate, tile by tile)
+ *             -> [merge across tiles / ranks] -> norma_bn_stats_from_moments
+ *             -> norma_bn_forward_apply
+ *   backward: norma_bn_backward_reduce -> [sum across ranks] -> norma_bn_backward_apply
+ */
+
+/* Moments of every channel of a whole (local) batch: count[c], mean[c], m2[c] (double),
+   overwritten.  Accurate on data with a large mean (per-channel shifted accumulation).
+   d->n may be 0 here (then every count is 0).  Uses CHECK_FINITE. */
+NORMA_API norma_status norma_bn_moments(const norma_bn_desc *d, const void *x,
+    int64_t *count, double *mean, double *m2);
+
+/* Accumulates the moments of a tile into running moments, for producers that want the
+   statistics of their output while it is still in cache.  The tile has `rows` values of each
+   of `channels` channels; value (r, j) is at x[r * row_stride + j * channel_stride] (elements
+   of dtype, strides may be any non-negative values).  A channels-last [rows, C] block with
+   leading dimension ld: row_stride = ld, channel_stride = 1; a channels-first block of one
+   image: row_stride = 1, channel_stride = spatial.  count/mean/m2 have `channels` entries
+   (offset the pointers for a tile of channels c0..): the tile's moments are merged into them.
+   rows == 0 is a no-op.  Deterministic: the result depends only on the order of the calls. */
+NORMA_API norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows,
+    int64_t channels, const void *x, int64_t row_stride, int64_t channel_stride,
+    int64_t *count, double *mean, double *m2);
+
+/* Merges moments b into a, channel by channel: a = a (+) b.  c >= 1. */
+NORMA_API norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, double *mean_a,
+    double *m2_a, const int64_t *count_b, const double *mean_b, const double *m2_b);
+
+/* From merged moments: mean[c] and invstd[c] = 1/sqrt(m2/count + eps) (double, required), and
+   the running statistics update of norma_bn_forward_training (running_mean / running_var of
+   d->dtype's parameter type, each may be NULL; the unbiased form uses count/(count-1), the
+   biased one with NORMA_BN_BIASED_RUNNING_VAR in d->flags).  Only d->c, d->dtype, d->eps and
+   d->flags are read.  Every count must be >= 2 (else NORMA_ERR_INVALID_ARGUMENT naming the
+   channel).  save_mean / save_invstd (parameter type, may be NULL) receive mean and invstd
+   rounded to it, as the training forward writes them. */
+NORMA_API norma_status norma_bn_stats_from_moments(const norma_bn_desc *d, const int64_t *count,
+    const double *mean, const double *m2, double *mean_out, double *invstd_out,
+    void *save_mean, void *save_invstd, void *running_mean, void *running_var, double momentum);
+
+/* y = (x - mean) * invstd * gamma + beta (+ the activation of d->flags), with mean and invstd
+   given in double (so large-mean data keep full accuracy).  Arguments as in
+   norma_bn_forward_inference.  d->n may be 0 (nothing to do). */
+NORMA_API norma_status norma_bn_forward_apply(const norma_bn_desc *d, const void *x,
+    const void *residual, const void *gamma, const void *beta, const double *mean,
+    const double *invstd, void *y);
+
+/* The local reductions of the backward, with x_hat = (x - mean) * invstd (or (y - beta)/gamma
+   when x is NULL) and g the masked dy, as in norma_bn_backward:
+     sum_dy[c] = sum g,  sum_dy_xhat[c] = sum g * x_hat,  sum_xhat[c] = sum x_hat (may be NULL).
+   All double, overwritten; they add across tiles and ranks.  sum_xhat lets
+   norma_bn_backward_apply remove the rounding of a mean stored in low precision.
+   Arguments x, y, dy, gamma, beta as in norma_bn_backward.  d->n may be 0 (sums are 0). */
+NORMA_API norma_status norma_bn_backward_reduce(const norma_bn_desc *d, const void *x,
+    const void *y, const void *dy, const void *gamma, const void *beta, const double *mean,
+    const double *invstd, double *sum_dy, double *sum_dy_xhat, double *sum_xhat);
+
+/* dx (and dresidual with ADD_RELU) from the global sums over `count` values per channel:
+     with s = sum_xhat / count (0 when sum_xhat is NULL), x_hat' = x_hat - s,
+     S = sum_dy_xhat - s * sum_dy,
+     dx = gamma * invstd * (g - sum_dy / count - x_hat' * S / count).
+   With NORMA_BN_GLOBAL_STATS: dx = gamma * invstd * g (sums and count unused).
+   The matching parameter gradients are dbeta = sum_dy, dgamma = S (see
+   norma_bn_param_grads).  count >= 1 (>= 2 is what a training forward allows). */
+NORMA_API norma_status norma_bn_backward_apply(const norma_bn_desc *d, const void *x,
+    const void *y, const void *dy, const void *gamma, const void *beta, const double *mean,
+    const double *invstd, const double *sum_dy, const double *sum_dy_xhat,
+    const double *sum_xhat, int64_t count, void *dx, void *dresidual);
+
+/* dgamma = sum_dy_xhat - (sum_xhat / count) * sum_dy and dbeta = sum_dy, written in d->dtype's
+   parameter type (each may be NULL).  sum_xhat may be NULL (no correction). */
+NORMA_API norma_status norma_bn_param_grads(const norma_bn_desc *d, const double *sum_dy,
+    const double *sum_dy_xhat, const double *sum_xhat, int64_t count, void *dgamma,
+    void *dbeta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NORMA_H */

@@ -1,0 +1,142 @@
+/* bn_api.c - the public BatchNorm entry points: check every argument, scan for non-finite
+   values when asked, then hand over to the implementation (reference or production). */
+#include <math.h>
+
+#include "check.h"
+#include "impl.h"
+
+#define TRY(expr)                          \
+  do {                                     \
+    norma_status st_ = (expr);             \
+    if (st_ != NORMA_OK) return st_;       \
+  } while (0)
+
+static size_t tbytes(const bn_problem *p) { return (size_t)p->total * p->esize; }
+static size_t pbytes(const bn_problem *p) { return (size_t)p->c * norma__param_size(p->dt); }
+
+norma_status norma_bn_forward_training(const norma_bn_desc *d, const void *x,
+                                       const void *residual, const void *gamma,
+                                       const void *beta, void *y, void *save_mean,
+                                       void *save_invstd, void *running_mean, void *running_var,
+                                       double momentum) {
+  static const char fn[] = "norma_bn_forward_training";
+  bn_problem p;
+  TRY(bn_check_desc(fn, d, 1, 1, &p));
+  TRY(bn_require(fn, "x", x));
+  TRY(bn_require(fn, "y", y));
+  if (p.act != BN_ACT_ADD_RELU) residual = NULL;
+  else TRY(bn_require(fn, "residual (required with NORMA_BN_ADD_RELU)", residual));
+  if ((running_mean || running_var) && !(momentum >= 0.0 && momentum <= 1.0))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: momentum must be in [0, 1] (got %g)", fn,
+                       momentum);
+  const bn_region r[] = {
+      {"x", x, tbytes(&p), REGION_TENSOR_IN},
+      {"residual", residual, tbytes(&p), REGION_TENSOR_IN},
+      {"gamma", gamma, pbytes(&p), REGION_PARAM_IN},
+      {"beta", beta, pbytes(&p), REGION_PARAM_IN},
+      {"y", y, tbytes(&p), REGION_TENSOR_OUT},
+      {"save_mean", save_mean, pbytes(&p), REGION_PARAM_OUT},
+      {"save_invstd", save_invstd, pbytes(&p), REGION_PARAM_OUT},
+      {"running_mean", running_mean, pbytes(&p), REGION_PARAM_OUT},
+      {"running_var", running_var, pbytes(&p), REGION_PARAM_OUT},
+  };
+  TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
+  if (p.flags & NORMA_CHECK_FINITE) {
+    TRY(bn_check_finite(fn, "x", p.dt, x, p.total));
+    TRY(bn_check_finite(fn, "residual", p.dt, residual, p.total));
+    TRY(bn_check_finite_param(fn, "gamma", p.dt, gamma, p.c));
+    TRY(bn_check_finite_param(fn, "beta", p.dt, beta, p.c));
+    TRY(bn_check_finite_param(fn, "running_mean", p.dt, running_mean, p.c));
+    TRY(bn_check_finite_param(fn, "running_var", p.dt, running_var, p.c));
+  }
+  return bn_impl_current()->fwd_training(&p, x, residual, gamma, beta, y, save_mean, save_invstd,
+                                         running_mean, running_var, momentum);
+}
+
+norma_status norma_bn_forward_inference(const norma_bn_desc *d, const void *x,
+                                        const void *residual, const void *gamma,
+                                        const void *beta, const void *mean, const void *var,
+                                        void *y) {
+  static const char fn[] = "norma_bn_forward_inference";
+  bn_problem p;
+  TRY(bn_check_desc(fn, d, 1, 0, &p));
+  TRY(bn_require(fn, "x", x));
+  TRY(bn_require(fn, "mean", mean));
+  TRY(bn_require(fn, "var", var));
+  TRY(bn_require(fn, "y", y));
+  if (p.act != BN_ACT_ADD_RELU) residual = NULL;
+  else TRY(bn_require(fn, "residual (required with NORMA_BN_ADD_RELU)", residual));
+  const bn_region r[] = {
+      {"x", x, tbytes(&p), REGION_TENSOR_IN},
+      {"residual", residual, tbytes(&p), REGION_TENSOR_IN},
+      {"gamma", gamma, pbytes(&p), REGION_PARAM_IN},
+      {"beta", beta, pbytes(&p), REGION_PARAM_IN},
+      {"mean", mean, pbytes(&p), REGION_PARAM_IN},
+      {"var", var, pbytes(&p), REGION_PARAM_IN},
+      {"y", y, tbytes(&p), REGION_TENSOR_OUT},
+  };
+  TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
+  if (p.flags & NORMA_CHECK_FINITE) {
+    TRY(bn_check_finite(fn, "x", p.dt, x, p.total));
+    TRY(bn_check_finite(fn, "residual", p.dt, residual, p.total));
+    TRY(bn_check_finite_param(fn, "gamma", p.dt, gamma, p.c));
+    TRY(bn_check_finite_param(fn, "beta", p.dt, beta, p.c));
+    TRY(bn_check_finite_param(fn, "mean", p.dt, mean, p.c));
+    TRY(bn_check_finite_param(fn, "var", p.dt, var, p.c));
+  }
+  return bn_impl_current()->fwd_inference(&p, x, residual, gamma, beta, mean, var, y);
+}
+
+norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void *y,
+                               const void *dy, const void *gamma, const void *beta,
+                               const void *save_mean, const void *save_invstd, void *dx,
+                               void *dresidual, void *dgamma, void *dbeta) {
+  static const char fn[] = "norma_bn_backward";
+  bn_problem p;
+  TRY(bn_check_desc(fn, d, 1, !(d && (d->flags & NORMA_BN_GLOBAL_STATS)), &p));
+  TRY(bn_require(fn, "dy", dy));
+  TRY(bn_require(fn, "save_mean", save_mean));
+  TRY(bn_require(fn, "save_invstd", save_invstd));
+  TRY(bn_require(fn, "dx", dx));
+  if (p.act != BN_ACT_NONE) {
+    TRY(bn_require(fn, "x (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU)", x));
+    TRY(bn_require(fn, "y (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU: the mask is y > 0)", y));
+  } else if (!x) {
+    TRY(bn_require(fn, "y (required when x is NULL: x_hat is recovered from y)", y));
+  } else {
+    y = NULL; /* not used */
+  }
+  if (p.act != BN_ACT_ADD_RELU) dresidual = NULL;
+  const bn_region r[] = {
+      {"x", x, tbytes(&p), REGION_TENSOR_IN},
+      {"y", y, tbytes(&p), REGION_TENSOR_IN},
+      {"dy", dy, tbytes(&p), REGION_TENSOR_IN},
+      {"gamma", gamma, pbytes(&p), REGION_PARAM_IN},
+      {"beta", beta, pbytes(&p), REGION_PARAM_IN},
+      {"save_mean", save_mean, pbytes(&p), REGION_PARAM_IN},
+      {"save_invstd", save_invstd, pbytes(&p), REGION_PARAM_IN},
+      {"dx", dx, tbytes(&p), REGION_TENSOR_OUT},
+      {"dresidual", dresidual, tbytes(&p), REGION_TENSOR_OUT},
+      {"dgamma", dgamma, pbytes(&p), REGION_PARAM_OUT},
+      {"dbeta", dbeta, pbytes(&p), REGION_PARAM_OUT},
+  };
+  TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
+  if (!x && gamma) {
+    for (int64_t ch = 0; ch < p.c; ch++)
+      if (norma__param(p.dt, gamma, ch, 1.0) == 0.0)
+        return norma__fail(NORMA_ERR_INVALID_ARGUMENT,
+                           "%s: gamma[%lld] is 0: x_hat cannot be recovered from y when x is "
+                           "NULL; pass x", fn, (long long)ch);
+  }
+  if (p.flags & NORMA_CHECK_FINITE) {
+    TRY(bn_check_finite(fn, "x", p.dt, x, p.total));
+    TRY(bn_check_finite(fn, "y", p.dt, y, p.total));
+    TRY(bn_check_finite(fn, "dy", p.dt, dy, p.total));
+    TRY(bn_check_finite_param(fn, "gamma", p.dt, gamma, p.c));
+    TRY(bn_check_finite_param(fn, "beta", p.dt, beta, p.c));
+    TRY(bn_check_finite_param(fn, "save_mean", p.dt, save_mean, p.c));
+    TRY(bn_check_finite_param(fn, "save_invstd", p.dt, save_invstd, p.c));
+  }
+  return bn_impl_current()->backward(&p, x, y, dy, gamma, beta, save_mean, save_invstd, dx,
+                                     dresidual, dgamma, dbeta);
+}

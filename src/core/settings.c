@@ -1,0 +1,116 @@
+/* settings.c - global settings: threads, ISA cap, reference switch, version; CPU detection. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+const char *norma_version(void) {
+  return STR(NORMA_VERSION_MAJOR) "." STR(NORMA_VERSION_MINOR) "." STR(NORMA_VERSION_PATCH);
+}
+
+/* ---- threads ---- */
+static int g_threads = 0; /* 0: library default */
+
+void norma_set_num_threads(int n) { g_threads = n > 0 ? n : 0; }
+
+int norma_get_num_threads(void) { return norma__threads(); }
+
+int norma__threads(void) {
+  if (g_threads > 0) return g_threads;
+#ifdef _OPENMP
+  int t = omp_get_max_threads();
+  return t > 0 ? t : 1;
+#else
+  return 1;
+#endif
+}
+
+/* ---- reference switch ---- */
+static int g_use_ref = -1; /* -1: not read from the environment yet */
+
+void norma_set_use_reference(int on) { g_use_ref = on ? 1 : 0; }
+int norma_get_use_reference(void) { return norma__use_reference(); }
+
+int norma__use_reference(void) {
+  if (g_use_ref < 0) {
+    const char *e = getenv("NORMA_USE_REFERENCE");
+    g_use_ref = (e && *e && strcmp(e, "0") != 0) ? 1 : 0;
+  }
+  return g_use_ref;
+}
+
+/* ---- CPU features ---- */
+static int cpu_has_avx2_fma_f16c(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  /* __builtin_cpu_supports checks both the CPUID bits and that the OS saves the YMM state */
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return 0;
+#endif
+}
+
+static norma_isa g_best = (norma_isa)-1; /* best the CPU (and the build) supports */
+static norma_isa g_cap = (norma_isa)-1;  /* user cap */
+
+static void isa_init(void) {
+  if ((int)g_best >= 0) return;
+#ifdef NORMA_HAVE_AVX2
+  g_best = cpu_has_avx2_fma_f16c() ? NORMA_ISA_AVX2 : NORMA_ISA_SCALAR;
+#else
+  (void)cpu_has_avx2_fma_f16c;
+  g_best = NORMA_ISA_SCALAR;
+#endif
+  if ((int)g_cap < 0) {
+    const char *e = getenv("NORMA_MAX_ISA");
+    g_cap = NORMA_ISA_AVX2;
+    if (e && strcmp(e, "scalar") == 0) g_cap = NORMA_ISA_SCALAR;
+  }
+}
+
+norma_status norma_set_max_isa(norma_isa isa) {
+  if (isa != NORMA_ISA_SCALAR && isa != NORMA_ISA_AVX2)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "norma_set_max_isa: isa must be "
+                       "NORMA_ISA_SCALAR or NORMA_ISA_AVX2 (got %d)", (int)isa);
+  isa_init();
+  g_cap = isa;
+  return NORMA_OK;
+}
+
+norma_isa norma__isa(void) {
+  isa_init();
+  return g_best < g_cap ? g_best : g_cap;
+}
+
+norma_isa norma_get_isa(void) { return norma__isa(); }
+
+const char *norma_isa_name(norma_isa isa) {
+  switch (isa) {
+    case NORMA_ISA_SCALAR: return "scalar";
+    case NORMA_ISA_AVX2: return "avx2";
+  }
+  return "unknown";
+}
+
+/* ---- caches ---- */
+static int64_t g_l2 = 0;
+
+int64_t norma__l2_bytes(void) {
+  if (g_l2 == 0) {
+    long v = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    /* clamp: virtual machines report odd values */
+    g_l2 = (v >= 128 * 1024 && v <= 64L * 1024 * 1024) ? (int64_t)v : 512 * 1024;
+  }
+  return g_l2;
+}

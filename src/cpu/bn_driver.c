@@ -1,0 +1,560 @@
+/* bn_driver.c - the production BatchNorm: thread split, blocking, per-channel constants, and
+ * dispatch to the micro-kernels of the best ISA (ukernels.h).
+ *
+ * Every operation is "reduce, then apply" per channel:
+ *   forward training: sums of (x - k) and (x - k)^2 (k: the channel's first value, so that
+ *                     large-mean data lose nothing), then y = (x - mean) * scale + shift;
+ *   backward:         sums of g, g * x_hat, x_hat, then dx = a * g + b * x_hat + c;
+ *   inference and the split API's apply steps: apply only; moments / backward_reduce: reduce only.
+ *
+ * Determinism: the reduction of a channel is cut into segments fixed by the shape alone
+ * (channels-first: runs of up to CF_CHUNK values of one image; channels-last: CL_SEG_ROWS rows,
+ * themselves summed in blocks of CL_BLOCK_ROWS rows).  A segment's sums are computed in the
+ * compute type by one micro-kernel call (or a fixed sequence of them), converted to double,
+ * and the segments are added in index order.  Which thread computes a segment never changes
+ * what is computed, so results are bitwise identical for any thread count.
+ *
+ * Two schedules, same arithmetic:
+ *   fused (A):  threads take whole channels (channels-first) or blocks of adjacent channels
+ *               (channels-last); each reduces its channels, finalizes them, and applies them
+ *               while the data is still in cache: one DRAM read when the block fits.
+ *   split (B):  for few channels: threads take segments; partial sums go to scratch, are added
+ *               in order, then every thread applies a share of the tensor.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "impl.h"
+#include "ukernels.h"
+
+#define CF_CHUNK 4096       /* values per channels-first segment */
+#define CL_BLOCK_ROWS 64    /* rows per micro-kernel call in channels-last reductions */
+#define CL_SEG_ROWS 4096    /* rows per channels-last segment */
+#define SERIAL_BELOW 32768  /* tensors with fewer values run without a parallel region */
+
+enum { SUMS_NONE = 0, SUMS_STATS = 2, SUMS_BWD = 3 };
+
+typedef struct job job;
+typedef void (*finalize_fn)(job *jb, int64_t j0, int64_t nc);
+
+struct job {
+  const bn_problem *p;
+  const bn_ukernels *uk;
+  int rows_form;       /* 1: rows x channels (channels-last, or channels-first with spatial 1) */
+  int64_t rows;        /* rows_form: number of rows (n * spatial) */
+  size_t cbytes;       /* bytes of the compute type */
+  int nt;              /* threads */
+  int nsums;           /* SUMS_* */
+  int apply;           /* run the apply kernels after finalize */
+  /* tensors */
+  const void *x, *res, *y, *dy;
+  void *out, *dres;
+  /* per channel (compute type): shift k [c], constants [C_COUNT][c]; totals (double) [3][c] */
+  void *k, *cst;
+  double *tot;
+  finalize_fn finalize;
+  const void *ctx;
+};
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+static void *scratch_alloc(job *jb, size_t extra, void **extra_ptr) {
+  const int64_t c = jb->p->c;
+  size_t kb = (size_t)c * jb->cbytes, cb = (size_t)c * C_COUNT * jb->cbytes;
+  size_t tb = (size_t)c * 3 * sizeof(double);
+  kb = (kb + 63) & ~(size_t)63, cb = (cb + 63) & ~(size_t)63, tb = (tb + 63) & ~(size_t)63;
+  char *mem = aligned_alloc(64, kb + cb + tb + ((extra + 63) & ~(size_t)63) + 64);
+  if (!mem) return NULL;
+  jb->k = mem;
+  jb->cst = mem + kb;
+  jb->tot = (double *)(mem + kb + cb);
+  if (extra_ptr) *extra_ptr = mem + kb + cb + tb;
+  return mem;
+}
+
+static inline void cst_set(job *jb, int k, int64_t j, double v) {
+  if (jb->cbytes == 8) ((double *)jb->cst)[k * jb->p->c + j] = v;
+  else ((float *)jb->cst)[k * jb->p->c + j] = (float)v;
+}
+/* the value a constant has after rounding to the compute type */
+static inline double cst_get(job *jb, int k, int64_t j) {
+  return jb->cbytes == 8 ? ((double *)jb->cst)[k * jb->p->c + j]
+                         : (double)((float *)jb->cst)[k * jb->p->c + j];
+}
+static inline const void *cst_at(const job *jb, int64_t j) {
+  return (const char *)jb->cst + (size_t)j * jb->cbytes;
+}
+
+/* ---- geometry --------------------------------------------------------------------------- */
+
+static inline const void *tptr(const job *jb, const void *base, int64_t elem) {
+  return base ? (const char *)base + (size_t)elem * jb->p->esize : NULL;
+}
+static inline void *tptr_w(const job *jb, void *base, int64_t elem) {
+  return base ? (char *)base + (size_t)elem * jb->p->esize : NULL;
+}
+
+static int64_t cf_chunks(const job *jb) { return (jb->p->s + CF_CHUNK - 1) / CF_CHUNK; }
+static int64_t nsegments(const job *jb) {
+  return jb->rows_form ? (jb->rows + CL_SEG_ROWS - 1) / CL_SEG_ROWS : jb->p->n * cf_chunks(jb);
+}
+/* channels per unit of the fused schedule in rows form: one 64-byte line of each row */
+static int64_t rows_unit(const job *jb) {
+  int64_t u = 64 / (int64_t)jb->p->esize;
+  return u < 8 ? 8 : u;
+}
+
+/* ---- reduction of one segment ----------------------------------------------------------- */
+
+/* channels-first: segment seg = (image, chunk) of channel ch -> out[nsums] */
+static void seg_sums_cf(const job *jb, int64_t ch, int64_t seg, double *out) {
+  const bn_problem *p = jb->p;
+  const int64_t nch = cf_chunks(jb), n = seg / nch, s0 = (seg % nch) * CF_CHUNK;
+  const int64_t len = p->s - s0 < CF_CHUNK ? p->s - s0 : CF_CHUNK;
+  const int64_t e = (n * p->c + ch) * p->s + s0;
+  if (jb->nsums == SUMS_STATS)
+    jb->uk->stats_run(tptr(jb, jb->x, e), len, (const char *)jb->k + ch * jb->cbytes, out);
+  else
+    jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len,
+                         cst_at(jb, ch), p->c, p->act, out);
+}
+
+/* rows form: segment seg, channels [j0, j0 + nc) -> out[k * ostride + j] (k < nsums) */
+static void seg_sums_rows(const job *jb, int64_t seg, int64_t j0, int64_t nc, double *out,
+                          int64_t ostride) {
+  const bn_problem *p = jb->p;
+  const int64_t r0 = seg * CL_SEG_ROWS;
+  const int64_t r1 = r0 + CL_SEG_ROWS < jb->rows ? r0 + CL_SEG_ROWS : jb->rows;
+  double blk[3][64];
+  for (int k = 0; k < jb->nsums; k++)
+    for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
+  for (int64_t jc = 0; jc < nc; jc += 64) {
+    const int64_t ncc = nc - jc < 64 ? nc - jc : 64, ja = j0 + jc;
+    for (int64_t r = r0; r < r1; r += CL_BLOCK_ROWS) {
+      const int64_t rows = r1 - r < CL_BLOCK_ROWS ? r1 - r : CL_BLOCK_ROWS;
+      const int64_t e = r * p->c + ja;
+      if (jb->nsums == SUMS_STATS)
+        jb->uk->stats_rows(tptr(jb, jb->x, e), rows, p->c, ncc, (const char *)jb->k + ja * jb->cbytes,
+                           blk[0], blk[1]);
+      else
+        jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
+                              p->c, ncc, cst_at(jb, ja), p->c, p->act, blk[0], blk[1], blk[2]);
+      for (int k = 0; k < jb->nsums; k++)
+        for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
+    }
+  }
+}
+
+/* ---- apply ------------------------------------------------------------------------------ */
+
+static void apply_cf(const job *jb, int64_t ch, int64_t seg) {
+  const bn_problem *p = jb->p;
+  const int64_t nch = cf_chunks(jb), n = seg / nch, s0 = (seg % nch) * CF_CHUNK;
+  const int64_t len = p->s - s0 < CF_CHUNK ? p->s - s0 : CF_CHUNK;
+  const int64_t e = (n * p->c + ch) * p->s + s0;
+  if (jb->nsums == SUMS_BWD || jb->dy)
+    jb->uk->bwd_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
+                    tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, cst_at(jb, ch), p->c,
+                    p->act);
+  else
+    jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len,
+                    cst_at(jb, ch), p->c, p->act);
+}
+
+static void apply_rows(const job *jb, int64_t r0, int64_t r1, int64_t j0, int64_t nc) {
+  const bn_problem *p = jb->p;
+  const int64_t e = r0 * p->c + j0;
+  if (jb->dy)
+    jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
+                     tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, p->c, nc,
+                     cst_at(jb, j0), p->c, p->act);
+  else
+    jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
+                     p->c, nc, cst_at(jb, j0), p->c, p->act);
+}
+
+/* ---- the two schedules ------------------------------------------------------------------ */
+
+static int use_fused(const job *jb, int64_t units) {
+  return jb->nt == 1 || units >= 4 * (int64_t)jb->nt || units % jb->nt == 0;
+}
+
+/* Fused schedule: each thread reduces, finalizes and applies whole units. */
+static void run_fused(job *jb) {
+  const bn_problem *p = jb->p;
+  const int64_t c = p->c, nseg = nsegments(jb);
+  if (!jb->rows_form) {
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+    for (int64_t ch = 0; ch < c; ch++) {
+      if (jb->nsums) {
+        double acc[3] = {0, 0, 0}, s[3];
+        for (int64_t seg = 0; seg < nseg; seg++) {
+          seg_sums_cf(jb, ch, seg, s);
+          for (int k = 0; k < jb->nsums; k++) acc[k] += s[k];
+        }
+        for (int k = 0; k < jb->nsums; k++) jb->tot[k * c + ch] = acc[k];
+      }
+      jb->finalize(jb, ch, 1);
+      if (jb->apply)
+        for (int64_t seg = 0; seg < nseg; seg++) apply_cf(jb, ch, seg);
+    }
+  } else {
+    const int64_t u = rows_unit(jb), units = (c + u - 1) / u;
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+    for (int64_t b = 0; b < units; b++) {
+      const int64_t j0 = b * u, nc = c - j0 < u ? c - j0 : u;
+      if (jb->nsums) {
+        double s[3][64];
+        for (int k = 0; k < jb->nsums; k++)
+          for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] = 0.0;
+        for (int64_t seg = 0; seg < nseg; seg++) {
+          seg_sums_rows(jb, seg, j0, nc, &s[0][0], 64);
+          for (int k = 0; k < jb->nsums; k++)
+            for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] += s[k][j];
+        }
+      }
+      jb->finalize(jb, j0, nc);
+      if (jb->apply)
+        for (int64_t r = 0; r < jb->rows; r += CL_SEG_ROWS)
+          apply_rows(jb, r, r + CL_SEG_ROWS < jb->rows ? r + CL_SEG_ROWS : jb->rows, j0, nc);
+    }
+  }
+}
+
+/* Split schedule: segments in parallel into scratch, ordered sums, then a parallel apply. */
+static void run_split(job *jb, double *part) {
+  const bn_problem *p = jb->p;
+  const int64_t c = p->c, nseg = nsegments(jb), ns = jb->nsums;
+  if (ns) {
+    if (!jb->rows_form) {
+      /* part[(ch * nseg + seg) * ns + k] */
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+      for (int64_t it = 0; it < c * nseg; it++)
+        seg_sums_cf(jb, it / nseg, it % nseg, &part[it * ns]);
+      for (int64_t ch = 0; ch < c; ch++)
+        for (int k = 0; k < ns; k++) {
+          double acc = 0.0;
+          for (int64_t seg = 0; seg < nseg; seg++) acc += part[(ch * nseg + seg) * ns + k];
+          jb->tot[k * c + ch] = acc;
+        }
+    } else {
+      /* part[seg * ns * c + k * c + j] */
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+      for (int64_t seg = 0; seg < nseg; seg++) seg_sums_rows(jb, seg, 0, c, &part[seg * ns * c], c);
+      for (int k = 0; k < ns; k++)
+        for (int64_t j = 0; j < c; j++) {
+          double acc = 0.0;
+          for (int64_t seg = 0; seg < nseg; seg++) acc += part[seg * ns * c + k * c + j];
+          jb->tot[k * c + j] = acc;
+        }
+    }
+  }
+  jb->finalize(jb, 0, c);
+  if (!jb->apply) return;
+  if (!jb->rows_form) {
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+    for (int64_t it = 0; it < c * nseg; it++) apply_cf(jb, it / nseg, it % nseg);
+  } else {
+    const int64_t per = ((jb->rows + jb->nt - 1) / jb->nt + 7) / 8 * 8;
+#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+    for (int64_t r = 0; r < jb->rows; r += per)
+      apply_rows(jb, r, r + per < jb->rows ? r + per : jb->rows, 0, c);
+  }
+}
+
+/* Sets up the job's geometry, allocates scratch, runs.  Called by every operation. */
+static norma_status run(job *jb, void (*prepare)(job *)) {
+  const bn_problem *p = jb->p;
+  jb->rows_form = p->layout == NORMA_CHANNELS_LAST || p->s == 1;
+  jb->rows = p->m;
+  jb->cbytes = p->dt == NORMA_F64 ? 8 : 4;
+  jb->uk = NULL;
+  if (norma__isa() == NORMA_ISA_AVX2) jb->uk = bn_ukernels_avx2(p->dt);
+  if (!jb->uk) jb->uk = bn_ukernels_scalar(p->dt);
+  jb->nt = p->total < SERIAL_BELOW ? 1 : norma__threads();
+
+  const int64_t units = jb->rows_form ? (p->c + rows_unit(jb) - 1) / rows_unit(jb) : p->c;
+  const int fused = !jb->nsums || use_fused(jb, units);
+  size_t part_bytes = 0;
+  if (!fused) {
+    int64_t nseg = nsegments(jb);
+    part_bytes = (size_t)nseg * (size_t)p->c * (size_t)jb->nsums * sizeof(double);
+  }
+  void *part = NULL;
+  void *mem = scratch_alloc(jb, part_bytes, &part);
+  if (!mem)
+    return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating %zu bytes of "
+                       "scratch", part_bytes + (size_t)p->c * 80);
+  if (prepare) prepare(jb);
+  if (fused) run_fused(jb);
+  else run_split(jb, part);
+  free(mem);
+  return NORMA_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+typedef struct fwd_ctx {
+  const void *gamma, *beta;
+  const void *mean_in, *var_in;              /* inference */
+  const double *mean_d, *invstd_d;           /* split apply */
+  void *save_mean, *save_invstd, *rmean, *rvar; /* training outputs */
+  double momentum;
+  double *mean_out, *m2_out;                 /* moments */
+} fwd_ctx;
+
+/* stats shift: the channel's first value */
+static void prepare_shift(job *jb) {
+  const bn_problem *p = jb->p;
+  for (int64_t ch = 0; ch < p->c; ch++) {
+    double k = norma__load(p->dt, jb->x, bn_index(p, 0, ch, 0));
+    if (jb->cbytes == 8) ((double *)jb->k)[ch] = k;
+    else ((float *)jb->k)[ch] = (float)k;
+  }
+}
+
+static double shift_of(const job *jb, int64_t ch) {
+  return jb->cbytes == 8 ? ((const double *)jb->k)[ch] : (double)((const float *)jb->k)[ch];
+}
+
+/* mean and m2 of channel ch from the shifted sums */
+static void moments_of(const job *jb, int64_t ch, double *mean, double *m2) {
+  const int64_t c = jb->p->c;
+  const double m = (double)jb->p->m, s1 = jb->tot[ch], s2 = jb->tot[c + ch];
+  *mean = shift_of(jb, ch) + s1 / m;
+  double v = s2 - s1 * (s1 / m);
+  *m2 = v > 0.0 ? v : (v != v ? v : 0.0);
+}
+
+/* forward constants from a mean (double) and invstd: y = (x - mhi) * scale + shift, where
+   mhi is the mean rounded to the compute type (x - mhi is exact on large-mean data) and the
+   rounding mean - mhi moves into the shift. */
+static void set_fwd_consts(job *jb, int64_t ch, double mean, double invstd, double g, double b) {
+  cst_set(jb, C_MHI, ch, mean);
+  const double mlo = mean - cst_get(jb, C_MHI, ch);
+  const double scale = g * invstd;
+  cst_set(jb, C_SCALE, ch, scale);
+  cst_set(jb, C_SHIFT, ch, b - mlo * scale);
+}
+
+static void finalize_training(job *jb, int64_t j0, int64_t nc) {
+  const fwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  const int biased = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
+  const double m = (double)p->m, mom = cx->momentum;
+  for (int64_t ch = j0; ch < j0 + nc; ch++) {
+    double mean, m2;
+    moments_of(jb, ch, &mean, &m2);
+    const double var = m2 / m, is = 1.0 / sqrt(var + p->eps);
+    set_fwd_consts(jb, ch, mean, is, norma__param(p->dt, cx->gamma, ch, 1.0),
+                   norma__param(p->dt, cx->beta, ch, 0.0));
+    if (cx->save_mean) norma__param_store(p->dt, cx->save_mean, ch, mean);
+    if (cx->save_invstd) norma__param_store(p->dt, cx->save_invstd, ch, is);
+    if (cx->rmean)
+      norma__param_store(p->dt, cx->rmean, ch,
+                         (1.0 - mom) * norma__param(p->dt, cx->rmean, ch, 0) + mom * mean);
+    if (cx->rvar) {
+      const double v = biased ? var : var * m / (m - 1.0);
+      norma__param_store(p->dt, cx->rvar, ch,
+                         (1.0 - mom) * norma__param(p->dt, cx->rvar, ch, 0) + mom * v);
+    }
+  }
+}
+
+static norma_status cpu_fwd_training(const bn_problem *p, const void *x, const void *res,
+                                     const void *gamma, const void *beta, void *y,
+                                     void *save_mean, void *save_invstd, void *running_mean,
+                                     void *running_var, double momentum) {
+  fwd_ctx cx = {.gamma = gamma, .beta = beta, .save_mean = save_mean, .save_invstd = save_invstd,
+                .rmean = running_mean, .rvar = running_var, .momentum = momentum};
+  job jb = {.p = p, .nsums = SUMS_STATS, .apply = 1, .x = x, .res = res, .out = y,
+            .finalize = finalize_training, .ctx = &cx};
+  return run(&jb, prepare_shift);
+}
+
+static void finalize_inference(job *jb, int64_t j0, int64_t nc) {
+  const fwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  for (int64_t ch = j0; ch < j0 + nc; ch++)
+    set_fwd_consts(jb, ch, norma__param(p->dt, cx->mean_in, ch, 0),
+                   1.0 / sqrt(norma__param(p->dt, cx->var_in, ch, 0) + p->eps),
+                   norma__param(p->dt, cx->gamma, ch, 1.0), norma__param(p->dt, cx->beta, ch, 0.0));
+}
+
+static norma_status cpu_fwd_inference(const bn_problem *p, const void *x, const void *res,
+                                      const void *gamma, const void *beta, const void *mean,
+                                      const void *var, void *y) {
+  fwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_in = mean, .var_in = var};
+  job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x, .res = res, .out = y,
+            .finalize = finalize_inference, .ctx = &cx};
+  return run(&jb, NULL);
+}
+
+static void finalize_apply(job *jb, int64_t j0, int64_t nc) {
+  const fwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  for (int64_t ch = j0; ch < j0 + nc; ch++)
+    set_fwd_consts(jb, ch, cx->mean_d[ch], cx->invstd_d[ch], norma__param(p->dt, cx->gamma, ch, 1.0),
+                   norma__param(p->dt, cx->beta, ch, 0.0));
+}
+
+static norma_status cpu_fwd_apply(const bn_problem *p, const void *x, const void *res,
+                                  const void *gamma, const void *beta, const double *mean,
+                                  const double *invstd, void *y) {
+  fwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_d = mean, .invstd_d = invstd};
+  job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x, .res = res, .out = y,
+            .finalize = finalize_apply, .ctx = &cx};
+  return run(&jb, NULL);
+}
+
+static void finalize_moments(job *jb, int64_t j0, int64_t nc) {
+  const fwd_ctx *cx = jb->ctx;
+  for (int64_t ch = j0; ch < j0 + nc; ch++) moments_of(jb, ch, &cx->mean_out[ch], &cx->m2_out[ch]);
+}
+
+static norma_status cpu_moments(const bn_problem *p, const void *x, double *mean, double *m2) {
+  fwd_ctx cx = {.mean_out = mean, .m2_out = m2};
+  job jb = {.p = p, .nsums = SUMS_STATS, .apply = 0, .x = x, .finalize = finalize_moments,
+            .ctx = &cx};
+  return run(&jb, prepare_shift);
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+typedef struct bwd_ctx {
+  const void *gamma, *beta;
+  const void *smean, *sinvstd;               /* contract backward: parameter type */
+  const double *mean_d, *invstd_d;           /* split API: double */
+  const double *sum_dy, *sum_dy_xhat, *sum_xhat; /* split apply: given sums */
+  int64_t count;
+  int from_y;                                /* x == NULL: x_hat from y */
+  void *dgamma, *dbeta;                      /* contract backward */
+  double *o_dy, *o_dy_xhat, *o_xhat;         /* split reduce outputs */
+} bwd_ctx;
+
+static double ctx_mean(const bwd_ctx *cx, const bn_problem *p, int64_t ch) {
+  return cx->mean_d ? cx->mean_d[ch] : norma__param(p->dt, cx->smean, ch, 0);
+}
+static double ctx_invstd(const bwd_ctx *cx, const bn_problem *p, int64_t ch) {
+  return cx->invstd_d ? cx->invstd_d[ch] : norma__param(p->dt, cx->sinvstd, ch, 0);
+}
+
+/* x_hat = (v - a) * b + c: from x with the mean split into its rounded value a and the rest;
+   or from y as (y - beta) / gamma. */
+static void prepare_xhat(job *jb) {
+  const bwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  for (int64_t ch = 0; ch < p->c; ch++) {
+    if (cx->from_y) {
+      cst_set(jb, C_A, ch, norma__param(p->dt, cx->beta, ch, 0.0));
+      cst_set(jb, C_B, ch, 1.0 / norma__param(p->dt, cx->gamma, ch, 1.0));
+      cst_set(jb, C_C, ch, 0.0);
+    } else {
+      const double mean = ctx_mean(cx, p, ch), is = ctx_invstd(cx, p, ch);
+      cst_set(jb, C_A, ch, mean);
+      cst_set(jb, C_B, ch, is);
+      const double lo = mean - cst_get(jb, C_A, ch);
+      cst_set(jb, C_C, ch, lo == 0.0 ? 0.0 : -lo * is);
+    }
+  }
+}
+
+/* dx constants of channel ch from its sums (sg, sgx) and the x_hat offset s. */
+static void set_bwd_consts(job *jb, int64_t ch, double g, double invstd, double sg, double sgx,
+                           double s, double count) {
+  const double k = g * invstd;
+  if (jb->p->flags & NORMA_BN_GLOBAL_STATS) {
+    cst_set(jb, C_GM, ch, 0.0);
+    cst_set(jb, C_DA, ch, k);
+    cst_set(jb, C_DB, ch, 0.0);
+    cst_set(jb, C_DD, ch, 0.0);
+    return;
+  }
+  /* dx = k * (g - sg/count - (xh - s) * S/count), S = sgx - s*sg, written as
+     da * (g - gm) + db * xh + dd with gm the mean of g rounded to the compute type, so that
+     g - gm stays exact when dy has a large mean */
+  const double S = sgx - s * sg, mg = sg / count;
+  cst_set(jb, C_GM, ch, mg);
+  const double gm = cst_get(jb, C_GM, ch);
+  cst_set(jb, C_DA, ch, k);
+  cst_set(jb, C_DB, ch, -k * S / count);
+  cst_set(jb, C_DD, ch, k * (gm - mg) + k * s * S / count);
+}
+
+static void finalize_backward(job *jb, int64_t j0, int64_t nc) {
+  const bwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  const int64_t c = p->c;
+  const int global = (p->flags & NORMA_BN_GLOBAL_STATS) != 0;
+  for (int64_t ch = j0; ch < j0 + nc; ch++) {
+    const double sg = jb->tot[ch], sgx = jb->tot[c + ch], sx = jb->tot[2 * c + ch];
+    const double s = (!cx->from_y && !global) ? bn_xhat_offset(sx, (double)p->m) : 0.0;
+    set_bwd_consts(jb, ch, norma__param(p->dt, cx->gamma, ch, 1.0), ctx_invstd(cx, p, ch), sg,
+                   sgx, s, (double)p->m);
+    if (cx->dgamma) norma__param_store(p->dt, cx->dgamma, ch, sgx - s * sg);
+    if (cx->dbeta) norma__param_store(p->dt, cx->dbeta, ch, sg);
+  }
+}
+
+static norma_status cpu_backward(const bn_problem *p, const void *x, const void *y,
+                                 const void *dy, const void *gamma, const void *beta,
+                                 const void *save_mean, const void *save_invstd, void *dx,
+                                 void *dres, void *dgamma, void *dbeta) {
+  bwd_ctx cx = {.gamma = gamma, .beta = beta, .smean = save_mean, .sinvstd = save_invstd,
+                .from_y = x == NULL, .dgamma = dgamma, .dbeta = dbeta};
+  job jb = {.p = p, .nsums = SUMS_BWD, .apply = 1, .x = x ? x : y, .y = y, .dy = dy, .out = dx,
+            .dres = dres, .finalize = finalize_backward, .ctx = &cx};
+  return run(&jb, prepare_xhat);
+}
+
+static void finalize_reduce(job *jb, int64_t j0, int64_t nc) {
+  const bwd_ctx *cx = jb->ctx;
+  const int64_t c = jb->p->c;
+  for (int64_t ch = j0; ch < j0 + nc; ch++) {
+    cx->o_dy[ch] = jb->tot[ch];
+    cx->o_dy_xhat[ch] = jb->tot[c + ch];
+    if (cx->o_xhat) cx->o_xhat[ch] = jb->tot[2 * c + ch];
+  }
+}
+
+static norma_status cpu_bwd_reduce(const bn_problem *p, const void *x, const void *y,
+                                   const void *dy, const void *gamma, const void *beta,
+                                   const double *mean, const double *invstd, double *sum_dy,
+                                   double *sum_dy_xhat, double *sum_xhat) {
+  bwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_d = mean, .invstd_d = invstd,
+                .from_y = x == NULL, .o_dy = sum_dy, .o_dy_xhat = sum_dy_xhat, .o_xhat = sum_xhat};
+  job jb = {.p = p, .nsums = SUMS_BWD, .apply = 0, .x = x ? x : y, .y = y, .dy = dy,
+            .finalize = finalize_reduce, .ctx = &cx};
+  return run(&jb, prepare_xhat);
+}
+
+static void finalize_bwd_apply(job *jb, int64_t j0, int64_t nc) {
+  const bwd_ctx *cx = jb->ctx;
+  const bn_problem *p = jb->p;
+  const int global = (p->flags & NORMA_BN_GLOBAL_STATS) != 0;
+  for (int64_t ch = j0; ch < j0 + nc; ch++) {
+    const double sg = global ? 0.0 : cx->sum_dy[ch], sgx = global ? 0.0 : cx->sum_dy_xhat[ch];
+    const double s = (!global && cx->sum_xhat) ? bn_xhat_offset(cx->sum_xhat[ch], (double)cx->count) : 0.0;
+    set_bwd_consts(jb, ch, norma__param(p->dt, cx->gamma, ch, 1.0), cx->invstd_d[ch], sg, sgx, s,
+                   global ? 1.0 : (double)cx->count);
+  }
+}
+
+static norma_status cpu_bwd_apply(const bn_problem *p, const void *x, const void *y,
+                                  const void *dy, const void *gamma, const void *beta,
+                                  const double *mean, const double *invstd, const double *sum_dy,
+                                  const double *sum_dy_xhat, const double *sum_xhat,
+                                  int64_t count, void *dx, void *dres) {
+  bwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_d = mean, .invstd_d = invstd,
+                .sum_dy = sum_dy, .sum_dy_xhat = sum_dy_xhat, .sum_xhat = sum_xhat,
+                .count = count, .from_y = x == NULL};
+  job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x ? x : y, .y = y, .dy = dy, .out = dx,
+            .dres = dres, .finalize = finalize_bwd_apply, .ctx = &cx};
+  return run(&jb, prepare_xhat);
+}
+
+const bn_impl bn_impl_cpu = {
+    cpu_fwd_training, cpu_fwd_inference, cpu_backward, cpu_moments,
+    cpu_fwd_apply,    cpu_bwd_reduce,    cpu_bwd_apply,
+};

@@ -1,0 +1,63 @@
+/* ukernels.h - the single-threaded micro-kernels the CPU driver (bn_driver.c) is built on.
+ *
+ * One table per (ISA, dtype).  Kernels never allocate and never spawn threads; the driver owns
+ * the thread split, the blocking and the per-channel constants.  Two shapes of work:
+ *   *_run:  a contiguous run of `len` values of one channel (channels-first);
+ *   *_rows: `rows` rows of `nc` adjacent channels, rows `ld` elements apart (channels-last).
+ * Data pointers are already offset to the first value.  Per-channel constants live in the
+ * compute type (float for F32/F16/BF16, double for F64) in an array laid out [k][cs]: constant
+ * k of the first channel is cst[k * cs] (the pointer is offset to that channel).
+ *
+ * Numerics contract, shared by every ISA (it is what makes results independent of the thread
+ * split): a *_run call accumulates in the compute type with value i in lane i % BN_LANES and
+ * reduces the lanes in a fixed order; a *_rows call accumulates each channel sequentially over
+ * its rows.  Sums are returned in double; the driver adds them in a fixed order.
+ */
+#ifndef NORMA_UKERNELS_H
+#define NORMA_UKERNELS_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+#define BN_LANES 32
+
+/* indices of the per-channel constants */
+enum {
+  /* forward apply: y = act((x - C_MHI) * C_SCALE + C_SHIFT) */
+  C_MHI = 0, C_SCALE = 1, C_SHIFT = 2,
+  /* backward: xh = (v - C_A) * C_B + C_C;  dx = C_DA * (g - C_GM) + C_DB * xh + C_DD */
+  C_A = 0, C_B = 1, C_C = 2, C_GM = 3, C_DA = 4, C_DB = 5, C_DD = 6,
+  C_COUNT = 7
+};
+
+typedef struct bn_ukernels {
+  /* out[0] = sum (x - k), out[1] = sum (x - k)^2 */
+  void (*stats_run)(const void *x, int64_t len, const void *k, double out[2]);
+  /* out1[j] = sum_r (x[r][j] - k[j]), out2[j] = sum_r (x[r][j] - k[j])^2, overwritten */
+  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *k,
+                     double *out1, double *out2);
+  /* y = act((x - mhi) * scale + shift [+ res]) */
+  void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, const void *cst,
+                  int64_t cs, int act);
+  void (*fwd_rows)(const void *x, const void *res, void *y, int64_t rows, int64_t ld,
+                   int64_t nc, const void *cst, int64_t cs, int act);
+  /* g = dy masked by y > 0 (act), xh = (v - a) * b + c: out = {sum g, sum g*xh, sum xh} */
+  void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len,
+                       const void *cst, int64_t cs, int act, double out[3]);
+  void (*bwd_sums_rows)(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
+                        int64_t nc, const void *cst, int64_t cs, int act, double *o1,
+                        double *o2, double *o3);
+  /* dx = da * (g - gm) + db * xh + dd;  dres = g (when dres != NULL) */
+  void (*bwd_run)(const void *v, const void *y, const void *dy, void *dx, void *dres,
+                  int64_t len, const void *cst, int64_t cs, int act);
+  void (*bwd_rows)(const void *v, const void *y, const void *dy, void *dx, void *dres,
+                   int64_t rows, int64_t ld, int64_t nc, const void *cst, int64_t cs, int act);
+} bn_ukernels;
+
+/* Tables, by dtype; NULL where an ISA has no kernel for that dtype (the driver falls back to
+   the scalar table). */
+const bn_ukernels *bn_ukernels_scalar(norma_dtype t);
+const bn_ukernels *bn_ukernels_avx2(norma_dtype t);
+
+#endif
