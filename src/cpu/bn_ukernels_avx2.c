@@ -1,10 +1,360 @@
-/* bn_ukernels_avx2.c - AVX2 + FMA + F16C micro-kernels (placeholder: none yet, the driver
-   falls back to the portable kernels). */
-#include <stddef.h>
+/* bn_ukernels_avx2.c - AVX2 + FMA + F16C micro-kernels for f32, f16 and bf16 storage (f32
+ * arithmetic).  One idea: the tensor is read once per kernel in 32-byte vectors and every
+ * 16-bit value is widened in registers (F16C for f16, a 16-bit shift for bf16), so a kernel
+ * costs what its loads and stores cost.  The accumulation structure is the portable kernels'
+ * (ukernels.h): run kernels keep value i in lane i % 32 (four 8-lane accumulators) and reduce
+ * by halving; rows kernels accumulate each channel down its rows.  FMA rounds differently from
+ * the portable multiply-add, so results match those kernels closely, not bitwise.
+ * F64 has no AVX2 table here: it is not a bandwidth-bound use, the portable kernels serve it.
+ */
+#include <immintrin.h>
+#include <string.h>
 
 #include "ukernels.h"
 
+#define AI static inline __attribute__((always_inline))
+
+enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2 };
+
+/* ---- loads and stores, by storage type (dt is a compile-time constant after inlining) ---- */
+
+AI __m256 ld8(const void *p, int64_t i, const int dt) {
+  if (dt == S_F32) return _mm256_loadu_ps((const float *)p + i);
+  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+  if (dt == S_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* the first n (0 < n < 8) values, zeros after */
+AI __m256 ld_part(const void *p, int64_t i, int n, const int dt) {
+  if (dt == S_F32) {
+    float t[8] = {0};
+    memcpy(t, (const float *)p + i, (size_t)n * 4);
+    return _mm256_loadu_ps(t);
+  }
+  uint16_t t[8] = {0};
+  memcpy(t, (const uint16_t *)p + i, (size_t)n * 2);
+  return ld8(t, 0, dt);
+}
+
+AI __m128i to_bf16(__m256 v) {
+  /* round to nearest even on the dropped 16 bits; NaN made quiet */
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+  r = _mm256_blendv_epi8(r, q, nan);
+  r = _mm256_srli_epi32(r, 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+AI void st8(void *p, int64_t i, __m256 v, const int dt) {
+  if (dt == S_F32) _mm256_storeu_ps((float *)p + i, v);
+  else if (dt == S_F16)
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  else _mm_storeu_si128((__m128i *)((uint16_t *)p + i), to_bf16(v));
+}
+
+AI void st_part(void *p, int64_t i, __m256 v, int n, const int dt) {
+  if (dt == S_F32) {
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy((float *)p + i, t, (size_t)n * 4);
+    return;
+  }
+  uint16_t t[8];
+  st8(t, 0, v, dt);
+  memcpy((uint16_t *)p + i, t, (size_t)n * 2);
+}
+
+/* lanes < n set */
+AI __m256 lane_mask(int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+}
+
+AI __m256 act8(__m256 v, const void *res, int64_t i, int n, int act, const int dt) {
+  if (act == BN_ACT_ADD_RELU) v = _mm256_add_ps(v, n == 8 ? ld8(res, i, dt) : ld_part(res, i, n, dt));
+  /* max(v, 0) with NaN passing through: max_ps returns its second operand on NaN */
+  if (act != BN_ACT_NONE) v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  return v;
+}
+
+AI __m256 masked_dy(const void *y, const void *dy, int64_t i, int n, int act, const int dt) {
+  __m256 g = n == 8 ? ld8(dy, i, dt) : ld_part(dy, i, n, dt);
+  if (act != BN_ACT_NONE) {
+    __m256 yv = n == 8 ? ld8(y, i, dt) : ld_part(y, i, n, dt);
+    g = _mm256_and_ps(g, _mm256_cmp_ps(yv, _mm256_setzero_ps(), _CMP_GT_OQ));
+  }
+  return g;
+}
+
+/* the portable kernels' lane reduction: halve 32 -> 16 -> 8 -> 4 -> 2 -> 1 */
+AI double reduce32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  a0 = _mm256_add_ps(a0, a2);
+  a1 = _mm256_add_ps(a1, a3);
+  a0 = _mm256_add_ps(a0, a1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return (double)_mm_cvtss_f32(h);
+}
+
+AI void store_sums8(double *o, __m256 v, int n) {
+  double t[8];
+  _mm256_storeu_pd(t, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  _mm256_storeu_pd(t + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  memcpy(o, t, (size_t)n * sizeof(double));
+}
+
+AI __m256 ldk(const float *k, int n) {
+  if (n == 8) return _mm256_loadu_ps(k);
+  float t[8] = {0};
+  memcpy(t, k, (size_t)n * 4);
+  return _mm256_loadu_ps(t);
+}
+
+/* ---- statistics ---- */
+
+AI void stats_run(const void *x, int64_t len, const void *kv, double out[2], const int dt) {
+  const __m256 k = _mm256_set1_ps(*(const float *)kv);
+  __m256 a[4], q[4];
+  for (int j = 0; j < 4; j++) a[j] = q[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32)
+    for (int j = 0; j < 4; j++) {
+      __m256 d = _mm256_sub_ps(ld8(x, i + 8 * j, dt), k);
+      a[j] = _mm256_add_ps(a[j], d);
+      q[j] = _mm256_fmadd_ps(d, d, q[j]);
+    }
+  for (int j = 0; j < 4 && i + 8 * j < len; j++) {
+    const int64_t n = len - (i + 8 * j);
+    __m256 d;
+    if (n >= 8) d = _mm256_sub_ps(ld8(x, i + 8 * j, dt), k);
+    else d = _mm256_and_ps(_mm256_sub_ps(ld_part(x, i + 8 * j, (int)n, dt), k), lane_mask((int)n));
+    a[j] = _mm256_add_ps(a[j], d);
+    q[j] = _mm256_fmadd_ps(d, d, q[j]);
+  }
+  out[0] = reduce32(a[0], a[1], a[2], a[3]);
+  out[1] = reduce32(q[0], q[1], q[2], q[3]);
+}
+
+AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *kv,
+                   double *o1, double *o2, const int dt) {
+  const float *k = kv;
+  int64_t j = 0;
+  for (; j + 16 <= nc; j += 16) { /* two vectors per row: one 64-byte line of f32 */
+    const __m256 k0 = _mm256_loadu_ps(k + j), k1 = _mm256_loadu_ps(k + j + 8);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, q0 = a0, q1 = a0;
+    for (int64_t r = 0; r < rows; r++) {
+      __m256 d0 = _mm256_sub_ps(ld8(x, r * ld + j, dt), k0);
+      __m256 d1 = _mm256_sub_ps(ld8(x, r * ld + j + 8, dt), k1);
+      a0 = _mm256_add_ps(a0, d0), a1 = _mm256_add_ps(a1, d1);
+      q0 = _mm256_fmadd_ps(d0, d0, q0), q1 = _mm256_fmadd_ps(d1, d1, q1);
+    }
+    store_sums8(o1 + j, a0, 8), store_sums8(o1 + j + 8, a1, 8);
+    store_sums8(o2 + j, q0, 8), store_sums8(o2 + j + 8, q1, 8);
+  }
+  for (; j < nc; j += 8) {
+    const int n = (int)(nc - j < 8 ? nc - j : 8);
+    const __m256 k0 = ldk(k + j, n);
+    __m256 a0 = _mm256_setzero_ps(), q0 = a0;
+    for (int64_t r = 0; r < rows; r++) {
+      __m256 v = n == 8 ? ld8(x, r * ld + j, dt) : ld_part(x, r * ld + j, n, dt);
+      __m256 d = _mm256_sub_ps(v, k0);
+      a0 = _mm256_add_ps(a0, d);
+      q0 = _mm256_fmadd_ps(d, d, q0);
+    }
+    store_sums8(o1 + j, a0, n), store_sums8(o2 + j, q0, n);
+  }
+}
+
+/* ---- forward apply ---- */
+
+AI void fwd_run(const void *x, const void *res, void *y, int64_t len, const void *cv, int64_t cs,
+                int act, const int dt) {
+  const float *c = cv;
+  const __m256 mhi = _mm256_set1_ps(c[C_MHI * cs]), sc = _mm256_set1_ps(c[C_SCALE * cs]),
+               sh = _mm256_set1_ps(c[C_SHIFT * cs]);
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8)
+    st8(y, i, act8(_mm256_fmadd_ps(_mm256_sub_ps(ld8(x, i, dt), mhi), sc, sh), res, i, 8, act, dt), dt);
+  if (i < len) {
+    const int n = (int)(len - i);
+    __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ld_part(x, i, n, dt), mhi), sc, sh);
+    st_part(y, i, act8(v, res, i, n, act, dt), n, dt);
+  }
+}
+
+AI void fwd_rows(const void *x, const void *res, void *y, int64_t rows, int64_t ld, int64_t nc,
+                 const void *cv, int64_t cs, int act, const int dt) {
+  const float *c = cv;
+  for (int64_t j = 0; j < nc; j += 8) {
+    const int n = (int)(nc - j < 8 ? nc - j : 8);
+    const __m256 mhi = ldk(c + C_MHI * cs + j, n), sc = ldk(c + C_SCALE * cs + j, n),
+                 sh = ldk(c + C_SHIFT * cs + j, n);
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t e = r * ld + j;
+      __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
+      v = act8(_mm256_fmadd_ps(_mm256_sub_ps(v, mhi), sc, sh), res, e, n, act, dt);
+      if (n == 8) st8(y, e, v, dt);
+      else st_part(y, e, v, n, dt);
+    }
+  }
+}
+
+/* ---- backward ---- */
+
+AI void bwd_sums_run(const void *v, const void *y, const void *dy, int64_t len, const void *cv,
+                     int64_t cs, int act, double out[3], const int dt) {
+  const float *c = cv;
+  const __m256 a = _mm256_set1_ps(c[C_A * cs]), b = _mm256_set1_ps(c[C_B * cs]),
+               cc = _mm256_set1_ps(c[C_C * cs]);
+  __m256 s1[4], s2[4], s3[4];
+  for (int j = 0; j < 4; j++) s1[j] = s2[j] = s3[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < len; i += 32)
+    for (int j = 0; j < 4 && i + 8 * j < len; j++) {
+      const int64_t e = i + 8 * j, rem = len - e;
+      const int n = rem >= 8 ? 8 : (int)rem;
+      __m256 g = masked_dy(y, dy, e, n, act, dt);
+      __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+      __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
+      if (n < 8) xh = _mm256_and_ps(xh, lane_mask(n)); /* g is 0 there already */
+      s1[j] = _mm256_add_ps(s1[j], g);
+      s2[j] = _mm256_fmadd_ps(g, xh, s2[j]);
+      s3[j] = _mm256_add_ps(s3[j], xh);
+    }
+  out[0] = reduce32(s1[0], s1[1], s1[2], s1[3]);
+  out[1] = reduce32(s2[0], s2[1], s2[2], s2[3]);
+  out[2] = reduce32(s3[0], s3[1], s3[2], s3[3]);
+}
+
+AI void bwd_sums_rows(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
+                      int64_t nc, const void *cv, int64_t cs, int act, double *o1, double *o2,
+                      double *o3, const int dt) {
+  const float *c = cv;
+  for (int64_t j = 0; j < nc; j += 8) {
+    const int n = (int)(nc - j < 8 ? nc - j : 8);
+    const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
+                 cc = ldk(c + C_C * cs + j, n);
+    __m256 s1 = _mm256_setzero_ps(), s2 = s1, s3 = s1;
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t e = r * ld + j;
+      __m256 g = masked_dy(y, dy, e, n, act, dt);
+      __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+      __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
+      s1 = _mm256_add_ps(s1, g);
+      s2 = _mm256_fmadd_ps(g, xh, s2);
+      s3 = _mm256_add_ps(s3, xh);
+    }
+    store_sums8(o1 + j, s1, n), store_sums8(o2 + j, s2, n), store_sums8(o3 + j, s3, n);
+  }
+}
+
+AI __m256 dx8(__m256 g, __m256 xv, __m256 a, __m256 b, __m256 cc, __m256 gm, __m256 da,
+              __m256 db, __m256 dd) {
+  __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
+  return _mm256_fmadd_ps(da, _mm256_sub_ps(g, gm), _mm256_fmadd_ps(db, xh, dd));
+}
+
+AI void bwd_run(const void *v, const void *y, const void *dy, void *dx, void *dres, int64_t len,
+                const void *cv, int64_t cs, int act, const int dt) {
+  const float *c = cv;
+  const __m256 a = _mm256_set1_ps(c[C_A * cs]), b = _mm256_set1_ps(c[C_B * cs]),
+               cc = _mm256_set1_ps(c[C_C * cs]), gm = _mm256_set1_ps(c[C_GM * cs]),
+               da = _mm256_set1_ps(c[C_DA * cs]), db = _mm256_set1_ps(c[C_DB * cs]),
+               dd = _mm256_set1_ps(c[C_DD * cs]);
+  for (int64_t i = 0; i < len; i += 8) {
+    const int n = len - i >= 8 ? 8 : (int)(len - i);
+    __m256 g = masked_dy(y, dy, i, n, act, dt);
+    __m256 xv = n == 8 ? ld8(v, i, dt) : ld_part(v, i, n, dt);
+    __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
+    if (n == 8) {
+      if (dres) st8(dres, i, g, dt);
+      st8(dx, i, o, dt);
+    } else {
+      if (dres) st_part(dres, i, g, n, dt);
+      st_part(dx, i, o, n, dt);
+    }
+  }
+}
+
+AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *dres, int64_t rows,
+                 int64_t ld, int64_t nc, const void *cv, int64_t cs, int act, const int dt) {
+  const float *c = cv;
+  for (int64_t j = 0; j < nc; j += 8) {
+    const int n = (int)(nc - j < 8 ? nc - j : 8);
+    const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
+                 cc = ldk(c + C_C * cs + j, n), gm = ldk(c + C_GM * cs + j, n),
+                 da = ldk(c + C_DA * cs + j, n), db = ldk(c + C_DB * cs + j, n),
+                 dd = ldk(c + C_DD * cs + j, n);
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t e = r * ld + j;
+      __m256 g = masked_dy(y, dy, e, n, act, dt);
+      __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+      __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
+      if (n == 8) {
+        if (dres) st8(dres, e, g, dt);
+        st8(dx, e, o, dt);
+      } else {
+        if (dres) st_part(dres, e, g, n, dt);
+        st_part(dx, e, o, n, dt);
+      }
+    }
+  }
+}
+
+/* ---- instances ---- */
+
+#define INSTANCE(sfx, DT)                                                                       \
+  static void stats_run_##sfx(const void *x, int64_t len, const void *k, double out[2]) {       \
+    stats_run(x, len, k, out, DT);                                                              \
+  }                                                                                             \
+  static void stats_rows_##sfx(const void *x, int64_t rows, int64_t ld, int64_t nc,             \
+                               const void *k, double *o1, double *o2) {                         \
+    stats_rows(x, rows, ld, nc, k, o1, o2, DT);                                                 \
+  }                                                                                             \
+  static void fwd_run_##sfx(const void *x, const void *res, void *y, int64_t len,               \
+                            const void *cst, int64_t cs, int act) {                             \
+    fwd_run(x, res, y, len, cst, cs, act, DT);                                                  \
+  }                                                                                             \
+  static void fwd_rows_##sfx(const void *x, const void *res, void *y, int64_t rows, int64_t ld, \
+                             int64_t nc, const void *cst, int64_t cs, int act) {                \
+    fwd_rows(x, res, y, rows, ld, nc, cst, cs, act, DT);                                        \
+  }                                                                                             \
+  static void bwd_sums_run_##sfx(const void *v, const void *y, const void *dy, int64_t len,     \
+                                 const void *cst, int64_t cs, int act, double out[3]) {         \
+    bwd_sums_run(v, y, dy, len, cst, cs, act, out, DT);                                         \
+  }                                                                                             \
+  static void bwd_sums_rows_##sfx(const void *v, const void *y, const void *dy, int64_t rows,   \
+                                  int64_t ld, int64_t nc, const void *cst, int64_t cs, int act, \
+                                  double *o1, double *o2, double *o3) {                         \
+    bwd_sums_rows(v, y, dy, rows, ld, nc, cst, cs, act, o1, o2, o3, DT);                        \
+  }                                                                                             \
+  static void bwd_run_##sfx(const void *v, const void *y, const void *dy, void *dx, void *dres, \
+                            int64_t len, const void *cst, int64_t cs, int act) {                \
+    bwd_run(v, y, dy, dx, dres, len, cst, cs, act, DT);                                         \
+  }                                                                                             \
+  static void bwd_rows_##sfx(const void *v, const void *y, const void *dy, void *dx,            \
+                             void *dres, int64_t rows, int64_t ld, int64_t nc, const void *cst, \
+                             int64_t cs, int act) {                                             \
+    bwd_rows(v, y, dy, dx, dres, rows, ld, nc, cst, cs, act, DT);                               \
+  }                                                                                             \
+  static const bn_ukernels table_##sfx = {stats_run_##sfx,    stats_rows_##sfx,    fwd_run_##sfx, \
+                                          fwd_rows_##sfx,     bwd_sums_run_##sfx,                \
+                                          bwd_sums_rows_##sfx, bwd_run_##sfx,      bwd_rows_##sfx};
+
+INSTANCE(f32, S_F32)
+INSTANCE(f16, S_F16)
+INSTANCE(bf16, S_BF16)
+
 const bn_ukernels *bn_ukernels_avx2(norma_dtype t) {
-  (void)t;
+  switch (t) {
+    case NORMA_F32: return &table_f32;
+    case NORMA_F16: return &table_f16;
+    case NORMA_BF16: return &table_bf16;
+    case NORMA_F64: return NULL;
+  }
   return NULL;
 }

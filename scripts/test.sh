@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test of norma: C tests against the reference kernels (both ISA paths), MPI tests
+# under mpirun, the C tests again under ASan+UBSan, the Python tests against PyTorch, and an
+# install + find_package / pkg-config consumer build.  Installs its dependencies first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+norma_install_deps
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+echo "== build (Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$JOBS"
+
+echo "== C and MPI tests (ctest)"
+ctest --test-dir build --output-on-failure
+
+echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMA_SANITIZE=ON \
+  -DNORMA_WITH_MPI=OFF -DNORMA_BUILD_TOOLS=OFF
+cmake --build build-asan -j"$JOBS"
+NORMA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -L unit
+
+echo "== Python tests (pytest, against PyTorch)"
+NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q
+
+echo "== install, then find_package(norma) and pkg-config consumers"
+rm -rf build/prefix
+cmake --install build --prefix "$PWD/build/prefix" >/dev/null
+bash tests/consumer/run.sh "$PWD/build/prefix"
+echo "== all tests passed"
