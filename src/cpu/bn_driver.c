@@ -25,13 +25,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "impl.h"
 #include "ukernels.h"
 
 #define CF_CHUNK 4096       /* values per channels-first segment */
 #define CL_BLOCK_ROWS 64    /* rows per micro-kernel call in channels-last reductions */
 #define CL_SEG_ROWS 4096    /* rows per channels-last segment */
+#define ROWS_CHUNK 1024     /* channels per rows-kernel call */
 #define SERIAL_BELOW 32768  /* tensors with fewer values run without a parallel region */
+#define NT_MIN_BYTES (8 << 20) /* outputs this large are written around the cache */
 
 enum { SUMS_NONE = 0, SUMS_STATS = 2, SUMS_BWD = 3 };
 
@@ -45,6 +51,8 @@ struct job {
   int64_t rows;        /* rows_form: number of rows (n * spatial) */
   size_t cbytes;       /* bytes of the compute type */
   int nt;              /* threads */
+  int64_t unit;        /* rows form, fused schedule: channels per unit */
+  int store;           /* BN_STORE_NT when outputs bypass the cache */
   int nsums;           /* SUMS_* */
   int apply;           /* run the apply kernels after finalize */
   /* tensors */
@@ -99,11 +107,12 @@ static int64_t cf_chunks(const job *jb) { return (jb->p->s + CF_CHUNK - 1) / CF_
 static int64_t nsegments(const job *jb) {
   return jb->rows_form ? (jb->rows + CL_SEG_ROWS - 1) / CL_SEG_ROWS : jb->p->n * cf_chunks(jb);
 }
-/* channels per unit of the fused schedule in rows form: one 64-byte line of each row */
-static int64_t rows_unit(const job *jb) {
+/* the narrowest unit of the fused schedule in rows form: one 64-byte line of each row */
+static int64_t rows_line(const job *jb) {
   int64_t u = 64 / (int64_t)jb->p->esize;
   return u < 8 ? 8 : u;
 }
+#define MAX_UNIT 512
 
 /* ---- reduction of one segment ----------------------------------------------------------- */
 
@@ -126,13 +135,15 @@ static void seg_sums_rows(const job *jb, int64_t seg, int64_t j0, int64_t nc, do
   const bn_problem *p = jb->p;
   const int64_t r0 = seg * CL_SEG_ROWS;
   const int64_t r1 = r0 + CL_SEG_ROWS < jb->rows ? r0 + CL_SEG_ROWS : jb->rows;
-  double blk[3][64];
+  static _Thread_local double blk[3][ROWS_CHUNK];
   for (int k = 0; k < jb->nsums; k++)
     for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
-  for (int64_t jc = 0; jc < nc; jc += 64) {
-    const int64_t ncc = nc - jc < 64 ? nc - jc : 64, ja = j0 + jc;
-    for (int64_t r = r0; r < r1; r += CL_BLOCK_ROWS) {
-      const int64_t rows = r1 - r < CL_BLOCK_ROWS ? r1 - r : CL_BLOCK_ROWS;
+  /* row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is read in order;
+     a channel's sums still see its blocks in order, whatever the loop nest */
+  for (int64_t r = r0; r < r1; r += CL_BLOCK_ROWS) {
+    const int64_t rows = r1 - r < CL_BLOCK_ROWS ? r1 - r : CL_BLOCK_ROWS;
+    for (int64_t jc = 0; jc < nc; jc += ROWS_CHUNK) {
+      const int64_t ncc = nc - jc < ROWS_CHUNK ? nc - jc : ROWS_CHUNK, ja = j0 + jc;
       const int64_t e = r * p->c + ja;
       if (jb->nsums == SUMS_STATS)
         jb->uk->stats_rows(tptr(jb, jb->x, e), rows, p->c, ncc, (const char *)jb->k + ja * jb->cbytes,
@@ -156,10 +167,10 @@ static void apply_cf(const job *jb, int64_t ch, int64_t seg) {
   if (jb->nsums == SUMS_BWD || jb->dy)
     jb->uk->bwd_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                     tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, cst_at(jb, ch), p->c,
-                    p->act);
+                    p->act | jb->store);
   else
     jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len,
-                    cst_at(jb, ch), p->c, p->act);
+                    cst_at(jb, ch), p->c, p->act | jb->store);
 }
 
 static void apply_rows(const job *jb, int64_t r0, int64_t r1, int64_t j0, int64_t nc) {
@@ -168,13 +179,22 @@ static void apply_rows(const job *jb, int64_t r0, int64_t r1, int64_t j0, int64_
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, p->c, nc,
-                     cst_at(jb, j0), p->c, p->act);
+                     cst_at(jb, j0), p->c, p->act | jb->store);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
-                     p->c, nc, cst_at(jb, j0), p->c, p->act);
+                     p->c, nc, cst_at(jb, j0), p->c, p->act | jb->store);
 }
 
 /* ---- the two schedules ------------------------------------------------------------------ */
+
+/* Streaming stores are weakly ordered: each thread fences its own before the region ends. */
+static inline void store_fence(const job *jb) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (jb->store) _mm_sfence();
+#else
+  (void)jb;
+#endif
+}
 
 static int use_fused(const job *jb, int64_t units) {
   return jb->nt == 1 || units >= 4 * (int64_t)jb->nt || units % jb->nt == 0;
@@ -185,31 +205,48 @@ static void run_fused(job *jb) {
   const bn_problem *p = jb->p;
   const int64_t c = p->c, nseg = nsegments(jb);
   if (!jb->rows_form) {
-#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
-    for (int64_t ch = 0; ch < c; ch++) {
+#pragma omp parallel num_threads(jb->nt) if (jb->nt > 1)
+    {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < (c + jb->unit - 1) / jb->unit; b++) {
+      /* a unit is a block of adjacent channels: within an image their runs are contiguous,
+         so the unit streams through memory in long pieces however short one run is */
+      const int64_t j0 = b * jb->unit, nc = c - j0 < jb->unit ? c - j0 : jb->unit;
+      const int64_t nch = cf_chunks(jb);
       if (jb->nsums) {
-        double acc[3] = {0, 0, 0}, s[3];
-        for (int64_t seg = 0; seg < nseg; seg++) {
-          seg_sums_cf(jb, ch, seg, s);
-          for (int k = 0; k < jb->nsums; k++) acc[k] += s[k];
-        }
-        for (int k = 0; k < jb->nsums; k++) jb->tot[k * c + ch] = acc[k];
+        double acc[3][MAX_UNIT], s[3];
+        for (int k = 0; k < jb->nsums; k++)
+          for (int64_t j = 0; j < nc; j++) acc[k][j] = 0.0;
+        for (int64_t n = 0; n < p->n; n++)
+          for (int64_t j = 0; j < nc; j++)
+            for (int64_t q = 0; q < nch; q++) { /* channel j0 + j sees its segments in order */
+              seg_sums_cf(jb, j0 + j, n * nch + q, s);
+              for (int k = 0; k < jb->nsums; k++) acc[k][j] += s[k];
+            }
+        for (int k = 0; k < jb->nsums; k++)
+          for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] = acc[k][j];
       }
-      jb->finalize(jb, ch, 1);
+      jb->finalize(jb, j0, nc);
       if (jb->apply)
-        for (int64_t seg = 0; seg < nseg; seg++) apply_cf(jb, ch, seg);
+        for (int64_t n = 0; n < p->n; n++)
+          for (int64_t j = 0; j < nc; j++)
+            for (int64_t q = 0; q < nch; q++) apply_cf(jb, j0 + j, n * nch + q);
+    }
+    store_fence(jb);
     }
   } else {
-    const int64_t u = rows_unit(jb), units = (c + u - 1) / u;
-#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
+    const int64_t u = jb->unit, units = (c + u - 1) / u;
+#pragma omp parallel num_threads(jb->nt) if (jb->nt > 1)
+    {
+#pragma omp for schedule(static) nowait
     for (int64_t b = 0; b < units; b++) {
       const int64_t j0 = b * u, nc = c - j0 < u ? c - j0 : u;
       if (jb->nsums) {
-        double s[3][64];
+        double s[3][MAX_UNIT];
         for (int k = 0; k < jb->nsums; k++)
           for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] = 0.0;
         for (int64_t seg = 0; seg < nseg; seg++) {
-          seg_sums_rows(jb, seg, j0, nc, &s[0][0], 64);
+          seg_sums_rows(jb, seg, j0, nc, &s[0][0], MAX_UNIT);
           for (int k = 0; k < jb->nsums; k++)
             for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] += s[k][j];
         }
@@ -218,6 +255,8 @@ static void run_fused(job *jb) {
       if (jb->apply)
         for (int64_t r = 0; r < jb->rows; r += CL_SEG_ROWS)
           apply_rows(jb, r, r + CL_SEG_ROWS < jb->rows ? r + CL_SEG_ROWS : jb->rows, j0, nc);
+    }
+    store_fence(jb);
     }
   }
 }
@@ -253,14 +292,78 @@ static void run_split(job *jb, double *part) {
   jb->finalize(jb, 0, c);
   if (!jb->apply) return;
   if (!jb->rows_form) {
-#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
-    for (int64_t it = 0; it < c * nseg; it++) apply_cf(jb, it / nseg, it % nseg);
+#pragma omp parallel num_threads(jb->nt) if (jb->nt > 1)
+    {
+#pragma omp for schedule(static) nowait
+      for (int64_t it = 0; it < c * nseg; it++) { /* in memory order: image, channel, chunk */
+        const int64_t nch = cf_chunks(jb), q = it % nch, ch = (it / nch) % c, n = it / nch / c;
+        apply_cf(jb, ch, n * nch + q);
+      }
+      store_fence(jb);
+    }
   } else {
     const int64_t per = ((jb->rows + jb->nt - 1) / jb->nt + 7) / 8 * 8;
-#pragma omp parallel for num_threads(jb->nt) schedule(static) if (jb->nt > 1)
-    for (int64_t r = 0; r < jb->rows; r += per)
-      apply_rows(jb, r, r + per < jb->rows ? r + per : jb->rows, 0, c);
+#pragma omp parallel num_threads(jb->nt) if (jb->nt > 1)
+    {
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < jb->rows; r += per)
+        apply_rows(jb, r, r + per < jb->rows ? r + per : jb->rows, 0, c);
+      store_fence(jb);
+    }
   }
+}
+
+/* Chooses the schedule.  The fused one reads the tensor once from memory when a unit (a
+   channel's slab, or a block of channels over all rows) stays in the L2 share of its thread
+   between the reduction and the apply.  Channels-first has no smaller unit than a channel, so
+   it stays fused (the apply then reads again from memory); channels-last with too many rows
+   for even one cache line of channels takes the split schedule, whose two passes stream
+   whole rows. */
+static int plan_fused(job *jb) {
+  const bn_problem *p = jb->p;
+  if (!jb->rows_form) {
+    /* channels per unit: enough for 8 KiB contiguous per image, within the L2 share */
+    const int64_t budget = norma__l2_bytes() / 2;
+    const int64_t tensors = jb->nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
+    const int64_t run = p->s * (int64_t)p->esize, slab = p->n * run * tensors;
+    int64_t w = (8192 + run - 1) / run;
+    if (w * slab > budget) w = budget / slab;
+    if (w < 1) w = 1;
+    if (w > MAX_UNIT) w = MAX_UNIT;
+    if (w > p->c) w = p->c;
+    while (w > 1 && (p->c + w - 1) / w < 4 * (int64_t)jb->nt) w--; /* balance the threads */
+    jb->unit = w;
+    return use_fused(jb, (p->c + w - 1) / w);
+  }
+  const int64_t budget = norma__l2_bytes() / 2;
+  const int64_t tensors = jb->nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
+  const int64_t line = rows_line(jb), per_channel = jb->rows * (int64_t)p->esize * tensors;
+  int64_t w;
+  if (p->c <= line) {
+    w = p->c;
+  } else {
+    w = budget / (per_channel > 0 ? per_channel : 1) / line * line;
+    if (w < line) w = line;
+    if (w > MAX_UNIT) w = MAX_UNIT;
+    if (w >= p->c) w = p->c;
+    while (w > line && (p->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
+  }
+  jb->unit = w;
+  /* a unit narrower than the row reads each row in a short piece, far from the last: memory
+     serves that poorly (measured: slower than two streaming passes), so only whole rows */
+  if (w < p->c || w * per_channel > budget) return 0;
+  return use_fused(jb, 1);
+}
+
+/* NORMA_SCHEDULE=fused|split forces a schedule (a debugging and testing knob: both give
+   bitwise identical results).  -1: chosen per problem. */
+static int forced_schedule(void) {
+  static int v = -2;
+  if (v == -2) {
+    const char *e = getenv("NORMA_SCHEDULE");
+    v = (e && strcmp(e, "fused") == 0) ? 1 : (e && strcmp(e, "split") == 0) ? 0 : -1;
+  }
+  return v;
 }
 
 /* Sets up the job's geometry, allocates scratch, runs.  Called by every operation. */
@@ -274,8 +377,13 @@ static norma_status run(job *jb, void (*prepare)(job *)) {
   if (!jb->uk) jb->uk = bn_ukernels_scalar(p->dt);
   jb->nt = p->total < SERIAL_BELOW ? 1 : norma__threads();
 
-  const int64_t units = jb->rows_form ? (p->c + rows_unit(jb) - 1) / rows_unit(jb) : p->c;
-  const int fused = !jb->nsums || use_fused(jb, units);
+  int fused = jb->nsums && plan_fused(jb);
+  if (jb->nsums && forced_schedule() >= 0) fused = forced_schedule();
+  /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
+     whole lines: long channels-first runs, or whole rows in channels-last */
+  const int whole_lines = jb->rows_form ? (!fused || jb->unit == p->c)
+                                        : p->s * (int64_t)p->esize >= 2048;
+  jb->store = whole_lines && p->total * (int64_t)p->esize >= NT_MIN_BYTES ? BN_STORE_NT : 0;
   size_t part_bytes = 0;
   if (!fused) {
     int64_t nseg = nsegments(jb);

@@ -8,6 +8,7 @@
  * F64 has no AVX2 table here: it is not a bandwidth-bound use, the portable kernels serve it.
  */
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "ukernels.h"
@@ -25,13 +26,15 @@ AI __m256 ld8(const void *p, int64_t i, const int dt) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* the first n (0 < n < 8) values, zeros after */
+/* lanes < n set, as an integer mask */
+AI __m256i lane_mask_i(int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+
+/* the first n (0 < n < 8) values, zeros after; never reads past them */
 AI __m256 ld_part(const void *p, int64_t i, int n, const int dt) {
-  if (dt == S_F32) {
-    float t[8] = {0};
-    memcpy(t, (const float *)p + i, (size_t)n * 4);
-    return _mm256_loadu_ps(t);
-  }
+  if (dt == S_F32) return _mm256_maskload_ps((const float *)p + i, lane_mask_i(n));
   uint16_t t[8] = {0};
   memcpy(t, (const uint16_t *)p + i, (size_t)n * 2);
   return ld8(t, 0, dt);
@@ -58,9 +61,7 @@ AI void st8(void *p, int64_t i, __m256 v, const int dt) {
 
 AI void st_part(void *p, int64_t i, __m256 v, int n, const int dt) {
   if (dt == S_F32) {
-    float t[8];
-    _mm256_storeu_ps(t, v);
-    memcpy((float *)p + i, t, (size_t)n * 4);
+    _mm256_maskstore_ps((float *)p + i, lane_mask_i(n), v);
     return;
   }
   uint16_t t[8];
@@ -68,11 +69,32 @@ AI void st_part(void *p, int64_t i, __m256 v, int n, const int dt) {
   memcpy((uint16_t *)p + i, t, (size_t)n * 2);
 }
 
-/* lanes < n set */
-AI __m256 lane_mask(int n) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+/* st8 through the write-combining buffers when asked and the address allows it */
+AI void st8s(void *p, int64_t i, __m256 v, const int dt, int nt) {
+  if (nt) {
+    if (dt == S_F32 && (((uintptr_t)((float *)p + i)) & 31) == 0) {
+      _mm256_stream_ps((float *)p + i, v);
+      return;
+    }
+    if (dt != S_F32 && (((uintptr_t)((uint16_t *)p + i)) & 15) == 0) {
+      __m128i h = dt == S_F16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : to_bf16(v);
+      _mm_stream_si128((__m128i *)((uint16_t *)p + i), h);
+      return;
+    }
+  }
+  st8(p, i, v, dt);
 }
+
+/* values before the next 32-byte (f32) or 16-byte (16-bit) boundary of p + i, at most n */
+AI int64_t to_boundary(const void *p, int64_t i, int64_t n, const int dt) {
+  const uintptr_t es = dt == S_F32 ? 4 : 2, al = dt == S_F32 ? 32 : 16;
+  const uintptr_t a = (uintptr_t)p + (uintptr_t)i * es;
+  int64_t k = (int64_t)(((al - (a & (al - 1))) & (al - 1)) / es);
+  return k < n ? k : n;
+}
+
+/* lanes < n set */
+AI __m256 lane_mask(int n) { return _mm256_castsi256_ps(lane_mask_i(n)); }
 
 AI __m256 act8(__m256 v, const void *res, int64_t i, int n, int act, const int dt) {
   if (act == BN_ACT_ADD_RELU) v = _mm256_add_ps(v, n == 8 ? ld8(res, i, dt) : ld_part(res, i, n, dt));
@@ -140,33 +162,34 @@ AI void stats_run(const void *x, int64_t len, const void *kv, double out[2], con
   out[1] = reduce32(q[0], q[1], q[2], q[3]);
 }
 
+/* Rows kernels walk row by row, streaming through memory, with the accumulators of up to
+   ROWS_CHUNK channels in an L1/L2-resident array; each channel still sums down its rows in
+   order, as the portable kernels do. */
+#define ROWS_CHUNK 1024
+
 AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *kv,
                    double *o1, double *o2, const int dt) {
   const float *k = kv;
-  int64_t j = 0;
-  for (; j + 16 <= nc; j += 16) { /* two vectors per row: one 64-byte line of f32 */
-    const __m256 k0 = _mm256_loadu_ps(k + j), k1 = _mm256_loadu_ps(k + j + 8);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, q0 = a0, q1 = a0;
+  float a[ROWS_CHUNK] __attribute__((aligned(32))), q[ROWS_CHUNK] __attribute__((aligned(32)));
+  for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
+    const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK, full = jn / 8 * 8;
+    const int tail = (int)(jn - full);
+    memset(a, 0, sizeof(float) * (size_t)(full + 8));
+    memset(q, 0, sizeof(float) * (size_t)(full + 8));
     for (int64_t r = 0; r < rows; r++) {
-      __m256 d0 = _mm256_sub_ps(ld8(x, r * ld + j, dt), k0);
-      __m256 d1 = _mm256_sub_ps(ld8(x, r * ld + j + 8, dt), k1);
-      a0 = _mm256_add_ps(a0, d0), a1 = _mm256_add_ps(a1, d1);
-      q0 = _mm256_fmadd_ps(d0, d0, q0), q1 = _mm256_fmadd_ps(d1, d1, q1);
+      const int64_t e = r * ld + j0;
+      for (int64_t j = 0; j < full; j += 8) {
+        __m256 d = _mm256_sub_ps(ld8(x, e + j, dt), _mm256_loadu_ps(k + j0 + j));
+        _mm256_store_ps(a + j, _mm256_add_ps(_mm256_load_ps(a + j), d));
+        _mm256_store_ps(q + j, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + j)));
+      }
+      if (tail) {
+        __m256 d = _mm256_sub_ps(ld_part(x, e + full, tail, dt), ldk(k + j0 + full, tail));
+        _mm256_store_ps(a + full, _mm256_add_ps(_mm256_load_ps(a + full), d));
+        _mm256_store_ps(q + full, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + full)));
+      }
     }
-    store_sums8(o1 + j, a0, 8), store_sums8(o1 + j + 8, a1, 8);
-    store_sums8(o2 + j, q0, 8), store_sums8(o2 + j + 8, q1, 8);
-  }
-  for (; j < nc; j += 8) {
-    const int n = (int)(nc - j < 8 ? nc - j : 8);
-    const __m256 k0 = ldk(k + j, n);
-    __m256 a0 = _mm256_setzero_ps(), q0 = a0;
-    for (int64_t r = 0; r < rows; r++) {
-      __m256 v = n == 8 ? ld8(x, r * ld + j, dt) : ld_part(x, r * ld + j, n, dt);
-      __m256 d = _mm256_sub_ps(v, k0);
-      a0 = _mm256_add_ps(a0, d);
-      q0 = _mm256_fmadd_ps(d, d, q0);
-    }
-    store_sums8(o1 + j, a0, n), store_sums8(o2 + j, q0, n);
+    for (int64_t j = 0; j < jn; j++) o1[j0 + j] = a[j], o2[j0 + j] = q[j];
   }
 }
 
@@ -175,11 +198,21 @@ AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const vo
 AI void fwd_run(const void *x, const void *res, void *y, int64_t len, const void *cv, int64_t cs,
                 int act, const int dt) {
   const float *c = cv;
+  const int nt = act & BN_STORE_NT;
+  act &= BN_ACT_MASK;
   const __m256 mhi = _mm256_set1_ps(c[C_MHI * cs]), sc = _mm256_set1_ps(c[C_SCALE * cs]),
                sh = _mm256_set1_ps(c[C_SHIFT * cs]);
   int64_t i = 0;
+  if (nt) { /* a partial vector up to the alignment the streaming stores need */
+    const int n0 = (int)to_boundary(y, 0, len, dt);
+    if (n0 > 0) {
+      __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ld_part(x, 0, n0, dt), mhi), sc, sh);
+      st_part(y, 0, act8(v, res, 0, n0, act, dt), n0, dt);
+      i = n0;
+    }
+  }
   for (; i + 8 <= len; i += 8)
-    st8(y, i, act8(_mm256_fmadd_ps(_mm256_sub_ps(ld8(x, i, dt), mhi), sc, sh), res, i, 8, act, dt), dt);
+    st8s(y, i, act8(_mm256_fmadd_ps(_mm256_sub_ps(ld8(x, i, dt), mhi), sc, sh), res, i, 8, act, dt), dt, nt);
   if (i < len) {
     const int n = (int)(len - i);
     __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ld_part(x, i, n, dt), mhi), sc, sh);
@@ -190,18 +223,20 @@ AI void fwd_run(const void *x, const void *res, void *y, int64_t len, const void
 AI void fwd_rows(const void *x, const void *res, void *y, int64_t rows, int64_t ld, int64_t nc,
                  const void *cv, int64_t cs, int act, const int dt) {
   const float *c = cv;
-  for (int64_t j = 0; j < nc; j += 8) {
-    const int n = (int)(nc - j < 8 ? nc - j : 8);
-    const __m256 mhi = ldk(c + C_MHI * cs + j, n), sc = ldk(c + C_SCALE * cs + j, n),
-                 sh = ldk(c + C_SHIFT * cs + j, n);
-    for (int64_t r = 0; r < rows; r++) {
+  const int nt = act & BN_STORE_NT;
+  act &= BN_ACT_MASK;
+  /* row by row, so loads and stores stream through memory; the constants come from L1 */
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < nc; j += 8) {
+      const int n = (int)(nc - j < 8 ? nc - j : 8);
       const int64_t e = r * ld + j;
+      const __m256 mhi = ldk(c + C_MHI * cs + j, n), sc = ldk(c + C_SCALE * cs + j, n),
+                   sh = ldk(c + C_SHIFT * cs + j, n);
       __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
       v = act8(_mm256_fmadd_ps(_mm256_sub_ps(v, mhi), sc, sh), res, e, n, act, dt);
-      if (n == 8) st8(y, e, v, dt);
+      if (n == 8) st8s(y, e, v, dt, nt);
       else st_part(y, e, v, n, dt);
     }
-  }
 }
 
 /* ---- backward ---- */
@@ -209,6 +244,7 @@ AI void fwd_rows(const void *x, const void *res, void *y, int64_t rows, int64_t 
 AI void bwd_sums_run(const void *v, const void *y, const void *dy, int64_t len, const void *cv,
                      int64_t cs, int act, double out[3], const int dt) {
   const float *c = cv;
+  act &= BN_ACT_MASK;
   const __m256 a = _mm256_set1_ps(c[C_A * cs]), b = _mm256_set1_ps(c[C_B * cs]),
                cc = _mm256_set1_ps(c[C_C * cs]);
   __m256 s1[4], s2[4], s3[4];
@@ -234,21 +270,29 @@ AI void bwd_sums_rows(const void *v, const void *y, const void *dy, int64_t rows
                       int64_t nc, const void *cv, int64_t cs, int act, double *o1, double *o2,
                       double *o3, const int dt) {
   const float *c = cv;
-  for (int64_t j = 0; j < nc; j += 8) {
-    const int n = (int)(nc - j < 8 ? nc - j : 8);
-    const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
-                 cc = ldk(c + C_C * cs + j, n);
-    __m256 s1 = _mm256_setzero_ps(), s2 = s1, s3 = s1;
-    for (int64_t r = 0; r < rows; r++) {
-      const int64_t e = r * ld + j;
-      __m256 g = masked_dy(y, dy, e, n, act, dt);
-      __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
-      __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
-      s1 = _mm256_add_ps(s1, g);
-      s2 = _mm256_fmadd_ps(g, xh, s2);
-      s3 = _mm256_add_ps(s3, xh);
-    }
-    store_sums8(o1 + j, s1, n), store_sums8(o2 + j, s2, n), store_sums8(o3 + j, s3, n);
+  act &= BN_ACT_MASK;
+  float s1[ROWS_CHUNK] __attribute__((aligned(32))), s2[ROWS_CHUNK] __attribute__((aligned(32))),
+      s3[ROWS_CHUNK] __attribute__((aligned(32)));
+  for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
+    const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK;
+    memset(s1, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
+    memset(s2, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
+    memset(s3, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t j = 0; j < jn; j += 8) {
+        const int n = (int)(jn - j < 8 ? jn - j : 8);
+        const int64_t ch = j0 + j, e = r * ld + ch;
+        const __m256 a = ldk(c + C_A * cs + ch, n), b = ldk(c + C_B * cs + ch, n),
+                     cc = ldk(c + C_C * cs + ch, n);
+        __m256 gv = masked_dy(y, dy, e, n, act, dt);
+        __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+        __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
+        if (n < 8) xh = _mm256_and_ps(xh, lane_mask(n));
+        _mm256_store_ps(s1 + j, _mm256_add_ps(_mm256_load_ps(s1 + j), gv));
+        _mm256_store_ps(s2 + j, _mm256_fmadd_ps(gv, xh, _mm256_load_ps(s2 + j)));
+        _mm256_store_ps(s3 + j, _mm256_add_ps(_mm256_load_ps(s3 + j), xh));
+      }
+    for (int64_t j = 0; j < jn; j++) o1[j0 + j] = s1[j], o2[j0 + j] = s2[j], o3[j0 + j] = s3[j];
   }
 }
 
@@ -261,48 +305,55 @@ AI __m256 dx8(__m256 g, __m256 xv, __m256 a, __m256 b, __m256 cc, __m256 gm, __m
 AI void bwd_run(const void *v, const void *y, const void *dy, void *dx, void *dres, int64_t len,
                 const void *cv, int64_t cs, int act, const int dt) {
   const float *c = cv;
+  const int nt = act & BN_STORE_NT;
+  act &= BN_ACT_MASK;
   const __m256 a = _mm256_set1_ps(c[C_A * cs]), b = _mm256_set1_ps(c[C_B * cs]),
                cc = _mm256_set1_ps(c[C_C * cs]), gm = _mm256_set1_ps(c[C_GM * cs]),
                da = _mm256_set1_ps(c[C_DA * cs]), db = _mm256_set1_ps(c[C_DB * cs]),
                dd = _mm256_set1_ps(c[C_DD * cs]);
-  for (int64_t i = 0; i < len; i += 8) {
-    const int n = len - i >= 8 ? 8 : (int)(len - i);
+  int64_t i = 0;
+  const int64_t n0 = nt ? to_boundary(dx, 0, len, dt) : 0;
+  while (i < len) {
+    const int64_t left = i < n0 ? n0 - i : len - i;
+    const int n = left >= 8 ? 8 : (int)left;
     __m256 g = masked_dy(y, dy, i, n, act, dt);
     __m256 xv = n == 8 ? ld8(v, i, dt) : ld_part(v, i, n, dt);
     __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
     if (n == 8) {
-      if (dres) st8(dres, i, g, dt);
-      st8(dx, i, o, dt);
+      if (dres) st8s(dres, i, g, dt, nt);
+      st8s(dx, i, o, dt, nt);
     } else {
       if (dres) st_part(dres, i, g, n, dt);
       st_part(dx, i, o, n, dt);
     }
+    i += n;
   }
 }
 
 AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *dres, int64_t rows,
                  int64_t ld, int64_t nc, const void *cv, int64_t cs, int act, const int dt) {
   const float *c = cv;
-  for (int64_t j = 0; j < nc; j += 8) {
-    const int n = (int)(nc - j < 8 ? nc - j : 8);
-    const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
-                 cc = ldk(c + C_C * cs + j, n), gm = ldk(c + C_GM * cs + j, n),
-                 da = ldk(c + C_DA * cs + j, n), db = ldk(c + C_DB * cs + j, n),
-                 dd = ldk(c + C_DD * cs + j, n);
-    for (int64_t r = 0; r < rows; r++) {
+  const int nt = act & BN_STORE_NT;
+  act &= BN_ACT_MASK;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < nc; j += 8) {
+      const int n = (int)(nc - j < 8 ? nc - j : 8);
       const int64_t e = r * ld + j;
+      const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
+                   cc = ldk(c + C_C * cs + j, n), gm = ldk(c + C_GM * cs + j, n),
+                   da = ldk(c + C_DA * cs + j, n), db = ldk(c + C_DB * cs + j, n),
+                   dd = ldk(c + C_DD * cs + j, n);
       __m256 g = masked_dy(y, dy, e, n, act, dt);
       __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
       __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
       if (n == 8) {
-        if (dres) st8(dres, e, g, dt);
-        st8(dx, e, o, dt);
+        if (dres) st8s(dres, e, g, dt, nt);
+        st8s(dx, e, o, dt, nt);
       } else {
         if (dres) st_part(dres, e, g, n, dt);
         st_part(dx, e, o, n, dt);
       }
     }
-  }
 }
 
 /* ---- instances ---- */

@@ -22,6 +22,11 @@
 
 #define BN_LANES 32
 
+/* or-ed into the `act` argument of the apply kernels: outputs may bypass the cache
+   (non-temporal stores); kernels without such stores ignore it */
+#define BN_STORE_NT 0x100
+#define BN_ACT_MASK 0xff
+
 /* indices of the per-channel constants */
 enum {
   /* forward apply: y = act((x - C_MHI) * C_SCALE + C_SHIFT) */
