@@ -197,8 +197,11 @@ NORMA_API norma_status norma_bn_forward_inference(const norma_bn_desc *d,
  *   dresidual = g                                     with NORMA_BN_ADD_RELU
  *
  * Without GLOBAL_STATS, save_mean is taken to be the batch mean of x rounded to its storage
- * type: the backward measures that rounding with a sum it accumulates anyway and removes it,
- * so dx and dgamma keep full accuracy on data whose mean is large against its spread.
+ * type: the backward measures that rounding with one more sum in the same pass,
+ * s = sum(x_hat) / m, and removes it (x_hat - s), so dx and dgamma keep full accuracy on data
+ * whose mean is large against its spread.  Rounding can only cause |s| <= 1/16 (f32 data up to
+ * mean/std ~ 1e6); a larger s means save_mean was not the batch mean (statistics supplied by
+ * the caller) and it is then used as given, as PyTorch does.
  *
  * x            [tensor] input of the forward.  Required with RELU or ADD_RELU.  Without them x
  *              may be NULL when y is given: x_hat is then recovered as (y - beta) / gamma, so x
@@ -313,7 +316,8 @@ NORMA_API norma_status norma_bn_backward_reduce(const norma_bn_desc *d, const vo
     const double *invstd, double *sum_dy, double *sum_dy_xhat, double *sum_xhat);
 
 /* dx (and dresidual with ADD_RELU) from the global sums over `count` values per channel:
-     with s = sum_xhat / count (0 when sum_xhat is NULL), x_hat' = x_hat - s,
+     with s = sum_xhat / count (0 when sum_xhat is NULL, or when |s| > 1/16: see
+     norma_bn_backward), x_hat' = x_hat - s,
      S = sum_dy_xhat - s * sum_dy,
      dx = gamma * invstd * (g - sum_dy / count - x_hat' * S / count).
    With NORMA_BN_GLOBAL_STATS: dx = gamma * invstd * g (sums and count unused).
@@ -324,8 +328,10 @@ NORMA_API norma_status norma_bn_backward_apply(const norma_bn_desc *d, const voi
     const double *invstd, const double *sum_dy, const double *sum_dy_xhat,
     const double *sum_xhat, int64_t count, void *dx, void *dresidual);
 
-/* dgamma = sum_dy_xhat - (sum_xhat / count) * sum_dy and dbeta = sum_dy, written in d->dtype's
-   parameter type (each may be NULL).  sum_xhat may be NULL (no correction). */
+/* dgamma = sum_dy_xhat - s * sum_dy (s as in norma_bn_backward_apply) and dbeta = sum_dy,
+   written in d->dtype's parameter type (each may be NULL).  sum_xhat may be NULL (no
+   correction); with NORMA_BN_GLOBAL_STATS it is ignored.  Only d->c, d->dtype, d->flags are
+   read. */
 NORMA_API norma_status norma_bn_param_grads(const norma_bn_desc *d, const double *sum_dy,
     const double *sum_dy_xhat, const double *sum_xhat, int64_t count, void *dgamma,
     void *dbeta);
