@@ -88,21 +88,17 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
       return norma__fail(bad, "%s: count[%lld] is negative (%lld)", fn, (long long)j,
                          (long long)count[j]);
   if (rows == 0) return NORMA_OK;
-  /* The tile's moments per channel, shifted by its first value (exact differences on
-     large-mean data), accumulated in double, then merged into the running moments. */
-  for (int64_t j = 0; j < channels; j++) {
-    const int64_t base = j * channel_stride;
-    const double k = norma__load(dtype, x, base);
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-      double v = norma__load(dtype, x, base + r * row_stride) - k;
-      s1 += v;
-      s2 += v * v;
-    }
-    double tm = s1 / (double)rows;
-    double tm2 = s2 - s1 * tm;
-    if (tm2 < 0.0) tm2 = 0.0;
-    chan_merge(&count[j], &mean[j], &m2[j], rows, k + tm, tm2);
+  /* the tile's own moments (a small scratch), then Chan's merge into the running ones */
+  enum { CHUNK = 256 };
+  double tm[CHUNK], tm2[CHUNK];
+  const size_t es = norma__dtype_size(dtype);
+  for (int64_t j0 = 0; j0 < channels; j0 += CHUNK) {
+    const int64_t nc = channels - j0 < CHUNK ? channels - j0 : CHUNK;
+    TRY(bn_impl_current()->moments_tile(dtype, rows, nc,
+                                        (const char *)x + (size_t)(j0 * channel_stride) * es,
+                                        row_stride, channel_stride, tm, tm2));
+    for (int64_t j = 0; j < nc; j++)
+      chan_merge(&count[j0 + j], &mean[j0 + j], &m2[j0 + j], rows, tm[j], tm2[j]);
   }
   return NORMA_OK;
 }

@@ -34,6 +34,11 @@ typedef struct bn_impl {
                             const double *invstd, const double *sum_dy,
                             const double *sum_dy_xhat, const double *sum_xhat, int64_t count,
                             void *dx, void *dres);
+  /* moments of one tile (count = rows > 0 per channel): value (r, j) at
+     x[r * row_stride + j * channel_stride]; tile mean and m2 per channel, overwritten */
+  norma_status (*moments_tile)(norma_dtype dt, int64_t rows, int64_t channels, const void *x,
+                               int64_t row_stride, int64_t channel_stride, double *mean,
+                               double *m2);
 } bn_impl;
 
 extern const bn_impl bn_impl_ref;

@@ -662,7 +662,67 @@ static norma_status cpu_bwd_apply(const bn_problem *p, const void *x, const void
   return run(&jb, prepare_xhat);
 }
 
+/* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */
+
+static norma_status cpu_moments_tile(norma_dtype dt, int64_t rows, int64_t channels,
+                                     const void *x, int64_t row_stride, int64_t channel_stride,
+                                     double *mean, double *m2) {
+  const bn_ukernels *uk = NULL;
+  if (norma__isa() == NORMA_ISA_AVX2) uk = bn_ukernels_avx2(dt);
+  if (!uk) uk = bn_ukernels_scalar(dt);
+  const size_t es = norma__dtype_size(dt);
+  const double r = (double)rows;
+  if (channel_stride == 1 && row_stride >= channels) {
+    /* rows of adjacent channels: shift by the first row, sums by blocks of rows */
+    static _Thread_local double b1[ROWS_CHUNK], b2[ROWS_CHUNK];
+    static _Thread_local union { float f[ROWS_CHUNK]; double d[ROWS_CHUNK]; } k;
+    for (int64_t j0 = 0; j0 < channels; j0 += ROWS_CHUNK) {
+      const int64_t nc = channels - j0 < ROWS_CHUNK ? channels - j0 : ROWS_CHUNK;
+      for (int64_t j = 0; j < nc; j++) {
+        double v = norma__load(dt, x, j0 + j);
+        if (dt == NORMA_F64) k.d[j] = v;
+        else k.f[j] = (float)v;
+        mean[j0 + j] = 0.0, m2[j0 + j] = 0.0; /* s1, s2 until the end */
+      }
+      for (int64_t r0 = 0; r0 < rows; r0 += CL_BLOCK_ROWS) {
+        const int64_t n = rows - r0 < CL_BLOCK_ROWS ? rows - r0 : CL_BLOCK_ROWS;
+        uk->stats_rows((const char *)x + (size_t)(r0 * row_stride + j0) * es, n, row_stride, nc,
+                       &k, b1, b2);
+        for (int64_t j = 0; j < nc; j++) mean[j0 + j] += b1[j], m2[j0 + j] += b2[j];
+      }
+      for (int64_t j = 0; j < nc; j++) {
+        const double s1 = mean[j0 + j], s2 = m2[j0 + j];
+        const double kk = dt == NORMA_F64 ? k.d[j] : (double)k.f[j];
+        double v = s2 - s1 * (s1 / r);
+        mean[j0 + j] = kk + s1 / r;
+        m2[j0 + j] = v > 0.0 ? v : (v != v ? v : 0.0);
+      }
+    }
+    return NORMA_OK;
+  }
+  if (row_stride == 1) {
+    /* each channel a contiguous run */
+    for (int64_t j = 0; j < channels; j++) {
+      const char *base = (const char *)x + (size_t)(j * channel_stride) * es;
+      union { float f; double d; } k;
+      double v0 = norma__load(dt, base, 0), s1 = 0.0, s2 = 0.0, o[2];
+      if (dt == NORMA_F64) k.d = v0;
+      else k.f = (float)v0;
+      for (int64_t r0 = 0; r0 < rows; r0 += CF_CHUNK) {
+        uk->stats_run(base + (size_t)r0 * es, rows - r0 < CF_CHUNK ? rows - r0 : CF_CHUNK, &k, o);
+        s1 += o[0], s2 += o[1];
+      }
+      const double kk = dt == NORMA_F64 ? k.d : (double)k.f;
+      double v = s2 - s1 * (s1 / r);
+      mean[j] = kk + s1 / r;
+      m2[j] = v > 0.0 ? v : (v != v ? v : 0.0);
+    }
+    return NORMA_OK;
+  }
+  return bn_impl_ref.moments_tile(dt, rows, channels, x, row_stride, channel_stride, mean, m2);
+}
+
 const bn_impl bn_impl_cpu = {
-    cpu_fwd_training, cpu_fwd_inference, cpu_backward, cpu_moments,
-    cpu_fwd_apply,    cpu_bwd_reduce,    cpu_bwd_apply,
+    cpu_fwd_training, cpu_fwd_inference, cpu_backward,     cpu_moments,
+    cpu_fwd_apply,    cpu_bwd_reduce,    cpu_bwd_apply,    cpu_moments_tile,
 };

@@ -204,7 +204,7 @@ typedef struct rec_hdr {
   int64_t c;
   double eps;            /* forward only (0 in the backward) */
   uint32_t fp_flags;     /* FP_* */
-  uint32_t pad;
+  uint32_t from_y;       /* backward: some rank of the range recovered x_hat from y (x NULL) */
 } rec_hdr;
 _Static_assert(sizeof(rec_hdr) == 48 && sizeof(rec_hdr) % sizeof(double) == 0,
                "the per-channel doubles follow the header aligned");
@@ -268,6 +268,7 @@ static void combine_records(int kind, int64_t c, const void *a, const void *b, v
   }
   if (ha->mismatch_rank < 0) h.mismatch_rank = fp_equal(ha, hb) ? hb->mismatch_rank : hb->first_rank;
   h.count = ha->count + hb->count;
+  h.from_y = ha->from_y | hb->from_y;
   const double *da = rec_cdata(a), *db = rec_cdata(b);
   double *dout = rec_data(out);
   if (kind == KIND_FWD) {
@@ -790,11 +791,17 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
       mean = m;
       invstd = v;
     }
+    /* sum_xhat measures the rounding of save_mean in x_hat = (x - save_mean) * invstd; an
+       x_hat recovered from y has no such offset (y was made with the mean in double), so a
+       rank without x sends none and flags it */
     double *data = rec_data(b.send);
     local = norma_bn_backward_reduce(&dl, x, y, dy, gamma, beta, mean, invstd, data, data + c,
-                                     data + 2 * c);
+                                     x ? data + 2 * c : NULL);
     if (local != NORMA_OK) fail_inner(fn, local);
-    else ((rec_hdr *)b.send)->count = d->n * d->spatial;
+    else {
+      ((rec_hdr *)b.send)->count = d->n * d->spatial;
+      ((rec_hdr *)b.send)->from_y = x == NULL;
+    }
   }
   if (local != NORMA_OK) record_fail(b.send, KIND_BWD, c, s->rank, local);
 
@@ -803,9 +810,13 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
   const rec_hdr *h = b.acc;
   TRY(verdict(fn, s, h, local, !global_stats));
 
-  /* 3. dx (the step that could still fail), then dgamma / dbeta.  With GLOBAL_STATS the mean
-        is a constant, not the batch mean: no rounding correction (sum_xhat unused). */
-  const double *sdy = rec_cdata(b.acc), *sdyx = sdy + c, *sx = global_stats ? NULL : sdy + 2 * c;
+  /* 3. dx (the step that could still fail), then dgamma / dbeta.  The rounding correction
+        (sum_xhat) applies when every rank with data passed x, as in norma_bn_backward; not
+        with GLOBAL_STATS (the mean is a constant, not the batch mean), nor when some rank
+        recovered x_hat from y (the offset is then not the same on every rank: uncorrected, as
+        PyTorch computes it; the same on every rank). */
+  const double *sdy = rec_cdata(b.acc), *sdyx = sdy + c;
+  const double *sx = global_stats || h->from_y ? NULL : sdy + 2 * c;
   const int64_t count = h->count >= 1 ? h->count : 1; /* 0 only with GLOBAL_STATS: sums are 0 */
   norma_status st;
   if (d->n > 0) {

@@ -191,7 +191,28 @@ static norma_status ref_bwd_apply(const bn_problem *p, const void *x, const void
   return NORMA_OK;
 }
 
+static norma_status ref_moments_tile(norma_dtype dt, int64_t rows, int64_t channels,
+                                     const void *x, int64_t row_stride, int64_t channel_stride,
+                                     double *mean, double *m2) {
+  for (int64_t j = 0; j < channels; j++) {
+    const int64_t base = j * channel_stride;
+    double s = 0.0;
+    for (int64_t r = 0; r < rows; r++) s += norma__load(dt, x, base + r * row_stride);
+    const double m0 = s / (double)rows;
+    double d1 = 0.0, d2 = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      double v = norma__load(dt, x, base + r * row_stride) - m0;
+      d1 += v;
+      d2 += v * v;
+    }
+    mean[j] = m0 + d1 / (double)rows;
+    double v = d2 - d1 * d1 / (double)rows;
+    m2[j] = v > 0.0 ? v : (v != v ? v : 0.0);
+  }
+  return NORMA_OK;
+}
+
 const bn_impl bn_impl_ref = {
-    ref_fwd_training, ref_fwd_inference, ref_backward, ref_moments,
-    ref_fwd_apply,    ref_bwd_reduce,    ref_bwd_apply,
+    ref_fwd_training, ref_fwd_inference, ref_backward,     ref_moments,
+    ref_fwd_apply,    ref_bwd_reduce,    ref_bwd_apply,    ref_moments_tile,
 };
