@@ -4,6 +4,7 @@
 
 #include "check.h"
 #include "impl.h"
+#include "trace.h"
 
 #define TRY(expr)                          \
   do {                                     \
@@ -49,8 +50,12 @@ norma_status norma_bn_forward_training(const norma_bn_desc *d, const void *x,
     TRY(bn_check_finite_param(fn, "running_mean", p.dt, running_mean, p.c));
     TRY(bn_check_finite_param(fn, "running_var", p.dt, running_var, p.c));
   }
-  return bn_impl_current()->fwd_training(&p, x, residual, gamma, beta, y, save_mean, save_invstd,
-                                         running_mean, running_var, momentum);
+  const double t0 = bn_trace_begin();
+  norma_status st = bn_impl_current()->fwd_training(&p, x, residual, gamma, beta, y, save_mean,
+                                                    save_invstd, running_mean, running_var,
+                                                    momentum);
+  bn_trace_end("bn_forward_training", &p, t0, residual ? 3 : 2, st);
+  return st;
 }
 
 norma_status norma_bn_forward_inference(const norma_bn_desc *d, const void *x,
@@ -84,7 +89,10 @@ norma_status norma_bn_forward_inference(const norma_bn_desc *d, const void *x,
     TRY(bn_check_finite_param(fn, "mean", p.dt, mean, p.c));
     TRY(bn_check_finite_param(fn, "var", p.dt, var, p.c));
   }
-  return bn_impl_current()->fwd_inference(&p, x, residual, gamma, beta, mean, var, y);
+  const double t0 = bn_trace_begin();
+  norma_status st = bn_impl_current()->fwd_inference(&p, x, residual, gamma, beta, mean, var, y);
+  bn_trace_end("bn_forward_inference", &p, t0, residual ? 3 : 2, st);
+  return st;
 }
 
 norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void *y,
@@ -137,6 +145,9 @@ norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void
     TRY(bn_check_finite_param(fn, "save_mean", p.dt, save_mean, p.c));
     TRY(bn_check_finite_param(fn, "save_invstd", p.dt, save_invstd, p.c));
   }
-  return bn_impl_current()->backward(&p, x, y, dy, gamma, beta, save_mean, save_invstd, dx,
-                                     dresidual, dgamma, dbeta);
+  const double t0 = bn_trace_begin();
+  norma_status st = bn_impl_current()->backward(&p, x, y, dy, gamma, beta, save_mean, save_invstd,
+                                                dx, dresidual, dgamma, dbeta);
+  bn_trace_end("bn_backward", &p, t0, 3 + (x && y ? 1 : 0) + (dresidual ? 1 : 0), st);
+  return st;
 }
