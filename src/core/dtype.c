@@ -23,12 +23,3 @@ void norma__store(norma_dtype t, void *p, int64_t i, double v) {
   }
 }
 
-double norma__param(norma_dtype t, const void *p, int64_t i, double dflt) {
-  if (!p) return dflt;
-  return t == NORMA_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-}
-
-void norma__param_store(norma_dtype t, void *p, int64_t i, double v) {
-  if (t == NORMA_F64) ((double *)p)[i] = v;
-  else ((float *)p)[i] = (float)v;
-}

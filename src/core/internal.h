@@ -35,9 +35,16 @@ static inline size_t norma__param_size(norma_dtype t) { return t == NORMA_F64 ? 
 /* Reads / writes one element of a tensor of dtype t (scalar helpers; see convert.h). */
 double norma__load(norma_dtype t, const void *p, int64_t i);
 void norma__store(norma_dtype t, void *p, int64_t i, double v);
+
 /* Per-channel parameter of type double (F64) or float (others); NULL gives dflt. */
-double norma__param(norma_dtype t, const void *p, int64_t i, double dflt);
-void norma__param_store(norma_dtype t, void *p, int64_t i, double v);
+static inline double norma__param(norma_dtype t, const void *p, int64_t i, double dflt) {
+  if (!p) return dflt;
+  return t == NORMA_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+static inline void norma__param_store(norma_dtype t, void *p, int64_t i, double v) {
+  if (t == NORMA_F64) ((double *)p)[i] = v;
+  else ((float *)p)[i] = (float)v;
+}
 
 /* ---- the problem, after checking ---------------------------------------------------------- */
 

@@ -349,10 +349,11 @@ static int plan_fused(job *jb) {
     while (w > line && (p->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
   }
   jb->unit = w;
-  /* a unit narrower than the row reads each row in a short piece, far from the last: memory
-     serves that poorly (measured: slower than two streaming passes), so only whole rows */
-  if (w < p->c || w * per_channel > budget) return 0;
-  return use_fused(jb, 1);
+  /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
+     short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
+     whole rows or pieces of at least 2 KiB */
+  if ((w < p->c && w * (int64_t)p->esize < 2048) || w * per_channel > budget) return 0;
+  return use_fused(jb, (p->c + w - 1) / w);
 }
 
 /* NORMA_SCHEDULE=fused|split forces a schedule (a debugging and testing knob: both give
@@ -415,6 +416,10 @@ typedef struct fwd_ctx {
 /* stats shift: the channel's first value */
 static void prepare_shift(job *jb) {
   const bn_problem *p = jb->p;
+  if (jb->rows_form && p->dt == NORMA_F32) { /* the first row, as it is */
+    memcpy(jb->k, jb->x, (size_t)p->c * sizeof(float));
+    return;
+  }
   for (int64_t ch = 0; ch < p->c; ch++) {
     double k = norma__load(p->dt, jb->x, bn_index(p, 0, ch, 0));
     if (jb->cbytes == 8) ((double *)jb->k)[ch] = k;
@@ -426,13 +431,13 @@ static double shift_of(const job *jb, int64_t ch) {
   return jb->cbytes == 8 ? ((const double *)jb->k)[ch] : (double)((const float *)jb->k)[ch];
 }
 
-/* mean and m2 of channel ch from the shifted sums */
+/* mean and m2 of channel ch from the shifted sums (the same arithmetic as finalize_training) */
 static void moments_of(const job *jb, int64_t ch, double *mean, double *m2) {
   const int64_t c = jb->p->c;
-  const double m = (double)jb->p->m, s1 = jb->tot[ch], s2 = jb->tot[c + ch];
-  *mean = shift_of(jb, ch) + s1 / m;
-  double v = s2 - s1 * (s1 / m);
-  *m2 = v > 0.0 ? v : (v != v ? v : 0.0);
+  const double m = (double)jb->p->m, im = 1.0 / m, s1 = jb->tot[ch], s2 = jb->tot[c + ch];
+  const double v = (s2 - s1 * (s1 * im)) * im;
+  *mean = shift_of(jb, ch) + s1 * im;
+  *m2 = (v < 0.0 ? 0.0 : v) * m;
 }
 
 /* forward constants from a mean (double) and invstd: y = (x - mhi) * scale + shift, where
@@ -449,23 +454,35 @@ static void set_fwd_consts(job *jb, int64_t ch, double mean, double invstd, doub
 static void finalize_training(job *jb, int64_t j0, int64_t nc) {
   const fwd_ctx *cx = jb->ctx;
   const bn_problem *p = jb->p;
+  const int64_t c = p->c;
   const int biased = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
-  const double m = (double)p->m, mom = cx->momentum;
-  for (int64_t ch = j0; ch < j0 + nc; ch++) {
-    double mean, m2;
-    moments_of(jb, ch, &mean, &m2);
-    const double var = m2 / m, is = 1.0 / sqrt(var + p->eps);
-    set_fwd_consts(jb, ch, mean, is, norma__param(p->dt, cx->gamma, ch, 1.0),
-                   norma__param(p->dt, cx->beta, ch, 0.0));
-    if (cx->save_mean) norma__param_store(p->dt, cx->save_mean, ch, mean);
-    if (cx->save_invstd) norma__param_store(p->dt, cx->save_invstd, ch, is);
-    if (cx->rmean)
-      norma__param_store(p->dt, cx->rmean, ch,
-                         (1.0 - mom) * norma__param(p->dt, cx->rmean, ch, 0) + mom * mean);
-    if (cx->rvar) {
-      const double v = biased ? var : var * m / (m - 1.0);
-      norma__param_store(p->dt, cx->rvar, ch,
-                         (1.0 - mom) * norma__param(p->dt, cx->rvar, ch, 0) + mom * v);
+  const double m = (double)p->m, im = 1.0 / m, mom = cx->momentum, eps = p->eps;
+  const double unbias = biased ? 1.0 : m / (m - 1.0);
+  enum { CH = 64 };
+  double mean[CH], var[CH], is[CH];
+  for (int64_t a = j0; a < j0 + nc; a += CH) {
+    const int64_t b = a + CH < j0 + nc ? a + CH : j0 + nc;
+    /* moments and 1/sqrt for a chunk of channels: a branch-free loop the compiler vectorizes */
+    for (int64_t ch = a; ch < b; ch++) {
+      const double s1 = jb->tot[ch], s2 = jb->tot[c + ch], k = shift_of(jb, ch);
+      const double v = (s2 - s1 * (s1 * im)) * im;
+      mean[ch - a] = k + s1 * im;
+      var[ch - a] = v < 0.0 ? 0.0 : v; /* rounding can go below 0; NaN passes */
+      is[ch - a] = 1.0 / sqrt(var[ch - a] + eps);
+    }
+    for (int64_t ch = a; ch < b; ch++) {
+      const double mu = mean[ch - a], iv = is[ch - a];
+      set_fwd_consts(jb, ch, mu, iv, norma__param(p->dt, cx->gamma, ch, 1.0),
+                     norma__param(p->dt, cx->beta, ch, 0.0));
+      if (cx->save_mean) norma__param_store(p->dt, cx->save_mean, ch, mu);
+      if (cx->save_invstd) norma__param_store(p->dt, cx->save_invstd, ch, iv);
+      if (cx->rmean)
+        norma__param_store(p->dt, cx->rmean, ch,
+                           (1.0 - mom) * norma__param(p->dt, cx->rmean, ch, 0) + mom * mu);
+      if (cx->rvar)
+        norma__param_store(p->dt, cx->rvar, ch,
+                           (1.0 - mom) * norma__param(p->dt, cx->rvar, ch, 0) +
+                               mom * (var[ch - a] * unbias));
     }
   }
 }

@@ -225,18 +225,23 @@ AI void fwd_rows(const void *x, const void *res, void *y, int64_t rows, int64_t 
   const float *c = cv;
   const int nt = act & BN_STORE_NT;
   act &= BN_ACT_MASK;
-  /* row by row, so loads and stores stream through memory; the constants come from L1 */
-  for (int64_t r = 0; r < rows; r++)
+  /* blocks of 4 rows: memory still streams row by row (4 rows at a time), and each channel
+     group's constants are loaded once per block */
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const int64_t r1 = r0 + 4 < rows ? r0 + 4 : rows;
     for (int64_t j = 0; j < nc; j += 8) {
       const int n = (int)(nc - j < 8 ? nc - j : 8);
-      const int64_t e = r * ld + j;
       const __m256 mhi = ldk(c + C_MHI * cs + j, n), sc = ldk(c + C_SCALE * cs + j, n),
                    sh = ldk(c + C_SHIFT * cs + j, n);
-      __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
-      v = act8(_mm256_fmadd_ps(_mm256_sub_ps(v, mhi), sc, sh), res, e, n, act, dt);
-      if (n == 8) st8s(y, e, v, dt, nt);
-      else st_part(y, e, v, n, dt);
+      for (int64_t r = r0; r < r1; r++) {
+        const int64_t e = r * ld + j;
+        __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
+        v = act8(_mm256_fmadd_ps(_mm256_sub_ps(v, mhi), sc, sh), res, e, n, act, dt);
+        if (n == 8) st8s(y, e, v, dt, nt);
+        else st_part(y, e, v, n, dt);
+      }
     }
+  }
 }
 
 /* ---- backward ---- */
@@ -335,28 +340,41 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
   const float *c = cv;
   const int nt = act & BN_STORE_NT;
   act &= BN_ACT_MASK;
-  for (int64_t r = 0; r < rows; r++)
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const int64_t r1 = r0 + 4 < rows ? r0 + 4 : rows;
     for (int64_t j = 0; j < nc; j += 8) {
       const int n = (int)(nc - j < 8 ? nc - j : 8);
-      const int64_t e = r * ld + j;
       const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
                    cc = ldk(c + C_C * cs + j, n), gm = ldk(c + C_GM * cs + j, n),
                    da = ldk(c + C_DA * cs + j, n), db = ldk(c + C_DB * cs + j, n),
                    dd = ldk(c + C_DD * cs + j, n);
-      __m256 g = masked_dy(y, dy, e, n, act, dt);
-      __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
-      __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
-      if (n == 8) {
-        if (dres) st8s(dres, e, g, dt, nt);
-        st8s(dx, e, o, dt, nt);
-      } else {
-        if (dres) st_part(dres, e, g, n, dt);
-        st_part(dx, e, o, n, dt);
+      for (int64_t r = r0; r < r1; r++) {
+        const int64_t e = r * ld + j;
+        __m256 g = masked_dy(y, dy, e, n, act, dt);
+        __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+        __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
+        if (n == 8) {
+          if (dres) st8s(dres, e, g, dt, nt);
+          st8s(dx, e, o, dt, nt);
+        } else {
+          if (dres) st_part(dres, e, g, n, dt);
+          st_part(dx, e, o, n, dt);
+        }
       }
     }
+  }
 }
 
 /* ---- instances ---- */
+
+/* The wrappers specialize each kernel for its activation (a constant after inlining), so the
+   inner loops carry no activation branches. */
+#define BY_ACT(call)                                                   \
+  switch (act & BN_ACT_MASK) {                                         \
+    case BN_ACT_RELU: { const int a_ = BN_ACT_RELU | (act & BN_STORE_NT); call; break; }   \
+    case BN_ACT_ADD_RELU: { const int a_ = BN_ACT_ADD_RELU | (act & BN_STORE_NT); call; break; } \
+    default: { const int a_ = BN_ACT_NONE | (act & BN_STORE_NT); call; break; }          \
+  }
 
 #define INSTANCE(sfx, DT)                                                                       \
   static void stats_run_##sfx(const void *x, int64_t len, const void *k, double out[2]) {       \
@@ -368,29 +386,29 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
   }                                                                                             \
   static void fwd_run_##sfx(const void *x, const void *res, void *y, int64_t len,               \
                             const void *cst, int64_t cs, int act) {                             \
-    fwd_run(x, res, y, len, cst, cs, act, DT);                                                  \
+    BY_ACT(fwd_run(x, res, y, len, cst, cs, a_, DT))                                            \
   }                                                                                             \
   static void fwd_rows_##sfx(const void *x, const void *res, void *y, int64_t rows, int64_t ld, \
                              int64_t nc, const void *cst, int64_t cs, int act) {                \
-    fwd_rows(x, res, y, rows, ld, nc, cst, cs, act, DT);                                        \
+    BY_ACT(fwd_rows(x, res, y, rows, ld, nc, cst, cs, a_, DT))                                  \
   }                                                                                             \
   static void bwd_sums_run_##sfx(const void *v, const void *y, const void *dy, int64_t len,     \
                                  const void *cst, int64_t cs, int act, double out[3]) {         \
-    bwd_sums_run(v, y, dy, len, cst, cs, act, out, DT);                                         \
+    BY_ACT(bwd_sums_run(v, y, dy, len, cst, cs, a_, out, DT))                                   \
   }                                                                                             \
   static void bwd_sums_rows_##sfx(const void *v, const void *y, const void *dy, int64_t rows,   \
                                   int64_t ld, int64_t nc, const void *cst, int64_t cs, int act, \
                                   double *o1, double *o2, double *o3) {                         \
-    bwd_sums_rows(v, y, dy, rows, ld, nc, cst, cs, act, o1, o2, o3, DT);                        \
+    BY_ACT(bwd_sums_rows(v, y, dy, rows, ld, nc, cst, cs, a_, o1, o2, o3, DT))                  \
   }                                                                                             \
   static void bwd_run_##sfx(const void *v, const void *y, const void *dy, void *dx, void *dres, \
                             int64_t len, const void *cst, int64_t cs, int act) {                \
-    bwd_run(v, y, dy, dx, dres, len, cst, cs, act, DT);                                         \
+    BY_ACT(bwd_run(v, y, dy, dx, dres, len, cst, cs, a_, DT))                                   \
   }                                                                                             \
   static void bwd_rows_##sfx(const void *v, const void *y, const void *dy, void *dx,            \
                              void *dres, int64_t rows, int64_t ld, int64_t nc, const void *cst, \
                              int64_t cs, int act) {                                             \
-    bwd_rows(v, y, dy, dx, dres, rows, ld, nc, cst, cs, act, DT);                               \
+    BY_ACT(bwd_rows(v, y, dy, dx, dres, rows, ld, nc, cst, cs, a_, DT))                         \
   }                                                                                             \
   static const bn_ukernels table_##sfx = {stats_run_##sfx,    stats_rows_##sfx,    fwd_run_##sfx, \
                                           fwd_rows_##sfx,     bwd_sums_run_##sfx,                \

@@ -436,9 +436,11 @@ static norma_status comm_prepare(const char *fn, MPI_Comm comm, comm_state **out
 /* The exchange                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Above this many gathered bytes (size * record) the allreduce path is taken; see
-   docs/distributed.md ("Choosing the exchange"). */
-#define ALLGATHER_MAX_BYTES ((size_t)32 * 1024)
+/* The allgather moves size - 1 records to every rank and merges them all; a recursive-doubling
+   allreduce moves and merges ceil(log2 size).  The allgather is taken while the difference,
+   in bytes, stays below this (always for 1 to 3 ranks); see docs/distributed.md ("Choosing
+   the exchange"). */
+#define ALLGATHER_EXTRA_MAX_BYTES ((size_t)32 * 1024)
 
 enum { EX_AUTO, EX_ALLGATHER, EX_ALLREDUCE, EX_BAD };
 
@@ -453,7 +455,10 @@ static int exchange_mode(void) {
 static int use_allgather(int mode, int size, size_t rb) {
   if (mode == EX_ALLGATHER) return 1;
   if (mode == EX_ALLREDUCE) return 0;
-  return size == 1 || (size_t)size * rb <= ALLGATHER_MAX_BYTES;
+  int rounds = 0; /* ceil(log2 size) */
+  while ((1L << rounds) < size) rounds++;
+  size_t extra = (size_t)(size - 1 - rounds); /* >= 0 */
+  return extra == 0 || rb <= ALLGATHER_EXTRA_MAX_BYTES / extra;
 }
 
 /* Scratch of the call, carved from the state's buffer. */
