@@ -158,8 +158,8 @@ typedef struct norma_bn_desc {
  *
  * Flags used: RELU, ADD_RELU (not both), BIASED_RUNNING_VAR, CHECK_FINITE (x, residual, gamma,
  * beta, running statistics).  NaN/Inf in x without CHECK_FINITE propagate into y and the
- * statistics of their channel.  var == 0 with eps == 0 gives invstd = +Inf and y = NaN in that
- * channel, as PyTorch does.
+ * statistics of their channel.  var == 0 with eps == 0 gives invstd = 0 in that channel, so
+ * y = beta there (and the backward's dx = 0), as PyTorch does.
  *
  * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
  */
@@ -287,7 +287,8 @@ NORMA_API norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t ro
 NORMA_API norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, double *mean_a,
     double *m2_a, const int64_t *count_b, const double *mean_b, const double *m2_b);
 
-/* From merged moments: mean[c] and invstd[c] = 1/sqrt(m2/count + eps) (double, required), and
+/* From merged moments: mean[c] and invstd[c] = 1/sqrt(m2/count + eps) (double, required; 0
+   when m2 == 0 and eps == 0, as in the training forward), and
    the running statistics update of norma_bn_forward_training (running_mean / running_var of
    d->dtype's parameter type, each may be NULL; the unbiased form uses count/(count-1), the
    biased one with NORMA_BN_BIASED_RUNNING_VAR in d->flags).  Only d->c, d->dtype, d->eps and

@@ -32,8 +32,11 @@
  *    others blocked.  A rank whose own arguments failed returns its own status and message;
  *    the others return the status of the lowest-numbered failing rank, with a message naming
  *    it.  Exceptions, which are local: NORMA_ERR_COMMUNICATION (MPI itself failed on this
- *    rank: the other ranks see what their MPI reports), and NORMA_ERR_OUT_OF_MEMORY from an
- *    allocation after the exchange (the other ranks may have completed).
+ *    rank: the other ranks see what their MPI reports; one collective cannot also agree on
+ *    its own outcome), NORMA_ERR_OUT_OF_MEMORY when this rank cannot allocate its exchange
+ *    buffers (it cannot take part: the others may hang) or when norma runs out of memory
+ *    after the exchange (the others may have completed), and a rank whose d is NULL or
+ *    whose d->c is out of range (see above).
  *  - MPI errors never abort: the calls work on a private duplicate of comm (made by the first
  *    call on comm, a collective; cached on comm as an attribute and freed with it) whose error
  *    handler is MPI_ERRORS_RETURN.  comm itself is not changed.

@@ -164,7 +164,7 @@ norma_status norma_bn_stats_from_moments(const norma_bn_desc *d, const int64_t *
   for (int64_t j = 0; j < p.c; j++) {
     double cnt = (double)count[j], mu = mean[j];
     double var = m2[j] > 0.0 ? m2[j] / cnt : 0.0;
-    double is = 1.0 / sqrt(var + p.eps);
+    double is = (var == 0.0 && p.eps == 0.0) ? 0.0 : 1.0 / sqrt(var + p.eps); /* as PyTorch */
     mean_out[j] = mu;
     invstd_out[j] = is;
     if (save_mean) norma__param_store(p.dt, save_mean, j, mu);

@@ -139,8 +139,29 @@ AI __m256 ldk(const float *k, int n) {
 
 /* ---- statistics ---- */
 
-AI void stats_run(const void *x, int64_t len, const void *kv, double out[2], const int dt) {
-  const __m256 k = _mm256_set1_ps(*(const float *)kv);
+AI void moments_of(double k, double s1, double s2, double len, double *mean, double *m2) {
+  const double v = s2 - s1 * (s1 / len);
+  *mean = k + s1 / len;
+  *m2 = v < 0.0 ? 0.0 : v; /* NaN passes */
+}
+
+/* the block's sum, value i in lane i % 32 */
+AI double sum_run(const void *x, int64_t len, const int dt) {
+  __m256 a[4];
+  for (int j = 0; j < 4; j++) a[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32)
+    for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(a[j], ld8(x, i + 8 * j, dt));
+  for (int j = 0; j < 4 && i + 8 * j < len; j++) {
+    const int64_t n = len - (i + 8 * j);
+    a[j] = _mm256_add_ps(a[j], n >= 8 ? ld8(x, i + 8 * j, dt) : ld_part(x, i + 8 * j, (int)n, dt));
+  }
+  return reduce32(a[0], a[1], a[2], a[3]);
+}
+
+AI void stats_run(const void *x, int64_t len, double out[2], const int dt) {
+  const float kf = (float)(sum_run(x, len, dt) / (double)len);
+  const __m256 k = _mm256_set1_ps(kf);
   __m256 a[4], q[4];
   for (int j = 0; j < 4; j++) a[j] = q[j] = _mm256_setzero_ps();
   int64_t i = 0;
@@ -158,8 +179,8 @@ AI void stats_run(const void *x, int64_t len, const void *kv, double out[2], con
     a[j] = _mm256_add_ps(a[j], d);
     q[j] = _mm256_fmadd_ps(d, d, q[j]);
   }
-  out[0] = reduce32(a[0], a[1], a[2], a[3]);
-  out[1] = reduce32(q[0], q[1], q[2], q[3]);
+  moments_of((double)kf, reduce32(a[0], a[1], a[2], a[3]), reduce32(q[0], q[1], q[2], q[3]),
+             (double)len, &out[0], &out[1]);
 }
 
 /* Rows kernels walk row by row, streaming through memory, with the accumulators of up to
@@ -167,29 +188,42 @@ AI void stats_run(const void *x, int64_t len, const void *kv, double out[2], con
    order, as the portable kernels do. */
 #define ROWS_CHUNK 1024
 
-AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *kv,
-                   double *o1, double *o2, const int dt) {
-  const float *k = kv;
-  float a[ROWS_CHUNK] __attribute__((aligned(32))), q[ROWS_CHUNK] __attribute__((aligned(32)));
+AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, double *o_mean,
+                   double *o_m2, const int dt) {
+  float k[ROWS_CHUNK] __attribute__((aligned(32))), a[ROWS_CHUNK] __attribute__((aligned(32))),
+      q[ROWS_CHUNK] __attribute__((aligned(32)));
   for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
     const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK, full = jn / 8 * 8;
     const int tail = (int)(jn - full);
-    memset(a, 0, sizeof(float) * (size_t)(full + 8));
-    memset(q, 0, sizeof(float) * (size_t)(full + 8));
+    const size_t bytes = sizeof(float) * (size_t)(full + 8);
+    memset(k, 0, bytes), memset(a, 0, bytes), memset(q, 0, bytes);
+    /* pass 1: sums, for the provisional means */
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t e = r * ld + j0;
+      for (int64_t j = 0; j < full; j += 8)
+        _mm256_store_ps(k + j, _mm256_add_ps(_mm256_load_ps(k + j), ld8(x, e + j, dt)));
+      if (tail)
+        _mm256_store_ps(k + full, _mm256_add_ps(_mm256_load_ps(k + full), ld_part(x, e + full, tail, dt)));
+    }
+    for (int64_t j = 0; j < jn; j++) k[j] = (float)((double)k[j] / (double)rows);
+    /* pass 2, over the block while it is in cache: deviations from them */
     for (int64_t r = 0; r < rows; r++) {
       const int64_t e = r * ld + j0;
       for (int64_t j = 0; j < full; j += 8) {
-        __m256 d = _mm256_sub_ps(ld8(x, e + j, dt), _mm256_loadu_ps(k + j0 + j));
+        __m256 d = _mm256_sub_ps(ld8(x, e + j, dt), _mm256_load_ps(k + j));
         _mm256_store_ps(a + j, _mm256_add_ps(_mm256_load_ps(a + j), d));
         _mm256_store_ps(q + j, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + j)));
       }
       if (tail) {
-        __m256 d = _mm256_sub_ps(ld_part(x, e + full, tail, dt), ldk(k + j0 + full, tail));
+        __m256 d = _mm256_sub_ps(ld_part(x, e + full, tail, dt), _mm256_load_ps(k + full));
+        d = _mm256_and_ps(d, lane_mask(tail));
         _mm256_store_ps(a + full, _mm256_add_ps(_mm256_load_ps(a + full), d));
         _mm256_store_ps(q + full, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + full)));
       }
     }
-    for (int64_t j = 0; j < jn; j++) o1[j0 + j] = a[j], o2[j0 + j] = q[j];
+    for (int64_t j = 0; j < jn; j++)
+      moments_of((double)k[j], (double)a[j], (double)q[j], (double)rows, &o_mean[j0 + j],
+                 &o_m2[j0 + j]);
   }
 }
 
@@ -377,12 +411,12 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
   }
 
 #define INSTANCE(sfx, DT)                                                                       \
-  static void stats_run_##sfx(const void *x, int64_t len, const void *k, double out[2]) {       \
-    stats_run(x, len, k, out, DT);                                                              \
+  static void stats_run_##sfx(const void *x, int64_t len, double out[2]) {                      \
+    stats_run(x, len, out, DT);                                                                 \
   }                                                                                             \
-  static void stats_rows_##sfx(const void *x, int64_t rows, int64_t ld, int64_t nc,             \
-                               const void *k, double *o1, double *o2) {                         \
-    stats_rows(x, rows, ld, nc, k, o1, o2, DT);                                                 \
+  static void stats_rows_##sfx(const void *x, int64_t rows, int64_t ld, int64_t nc, double *o1, \
+                               double *o2) {                                                    \
+    stats_rows(x, rows, ld, nc, o1, o2, DT);                                                    \
   }                                                                                             \
   static void fwd_run_##sfx(const void *x, const void *res, void *y, int64_t len,               \
                             const void *cst, int64_t cs, int act) {                             \

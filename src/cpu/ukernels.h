@@ -11,7 +11,13 @@
  * Numerics contract, shared by every ISA (it is what makes results independent of the thread
  * split): a *_run call accumulates in the compute type with value i in lane i % BN_LANES and
  * reduces the lanes in a fixed order; a *_rows call accumulates each channel sequentially over
- * its rows.  Sums are returned in double; the driver adds them in a fixed order.
+ * its rows.  Sums are returned in double; the driver combines blocks in a fixed order.
+ *
+ * Statistics of a block are its moments (mean, m2 = sum (x - mean)^2), computed by two passes
+ * over the block while it is in L1/L2: its sum gives a provisional mean k (rounded to the
+ * compute type), then sums of d = x - k and d^2 give mean = k + S1/L, m2 = S2 - S1^2/L.  The
+ * differences are small whatever the data's mean, so nothing cancels: one outlier, or a mean
+ * 1e5 times the spread, costs no accuracy.  The driver merges blocks with Chan's formula.
  */
 #ifndef NORMA_UKERNELS_H
 #define NORMA_UKERNELS_H
@@ -37,11 +43,11 @@ enum {
 };
 
 typedef struct bn_ukernels {
-  /* out[0] = sum (x - k), out[1] = sum (x - k)^2 */
-  void (*stats_run)(const void *x, int64_t len, const void *k, double out[2]);
-  /* out1[j] = sum_r (x[r][j] - k[j]), out2[j] = sum_r (x[r][j] - k[j])^2, overwritten */
-  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *k,
-                     double *out1, double *out2);
+  /* moments of a block of len >= 1 values: out[0] = mean, out[1] = m2 */
+  void (*stats_run)(const void *x, int64_t len, double out[2]);
+  /* moments of each channel over rows >= 1 rows: mean[j], m2[j], overwritten; nc <= 1024 */
+  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, double *mean,
+                     double *m2);
   /* y = act((x - mhi) * scale + shift [+ res]) */
   void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, const void *cst,
                   int64_t cs, int act);

@@ -53,10 +53,12 @@ static norma_status fail_inner(const char *fn, norma_status st) {
   return fail(st, "%s: %s", fn, norma_last_error());
 }
 
+/* rank < 0: before this rank's place in the communicator is known */
 static norma_status fail_mpi(const char *fn, const char *what, int rc, int rank, int size) {
   char es[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, es, &len) != MPI_SUCCESS) snprintf(es, sizeof es, "error %d", rc);
+  if (rank < 0) return fail(NORMA_ERR_COMMUNICATION, "%s: %s failed: %s", fn, what, es);
   return fail(NORMA_ERR_COMMUNICATION, "%s: %s failed on rank %d of %d: %s", fn, what, rank, size,
               es);
 }
@@ -475,9 +477,12 @@ static norma_status get_buffers(const char *fn, comm_state *s, int kind, int64_t
                                 int64_t work_doubles, int mode, call_buffers *b) {
   size_t rb = rec_bytes(kind, c);
   b->gather = use_allgather(mode, s->size, rb);
-  size_t nrecv = b->gather ? (size_t)s->size : 1;
-  size_t need = rb /* send */ + nrecv * rb + (b->gather ? rb : 0) +
-                (size_t)work_doubles * sizeof(double) + (size_t)c * sizeof(int64_t);
+  size_t nrecv = b->gather ? (size_t)s->size : 1, recv_bytes;
+  size_t need = rb /* send */ + (b->gather ? rb : 0) + (size_t)work_doubles * sizeof(double) +
+                (size_t)c * sizeof(int64_t);
+  if (__builtin_mul_overflow(nrecv, rb, &recv_bytes) ||
+      __builtin_add_overflow(need, recv_bytes, &need))
+    need = SIZE_MAX; /* cannot be allocated */
   if (need > s->scratch_bytes) {
     void *p = malloc(need);
     if (!p)

@@ -50,7 +50,8 @@ static norma_status ref_fwd_training(const bn_problem *p, const void *x, const v
   for (int64_t ch = 0; ch < p->c; ch++) {
     double mean, var;
     channel_moments(p, x, ch, &mean, &var);
-    double is = 1.0 / sqrt(var + p->eps);
+    /* PyTorch's rule: var == 0 with eps == 0 gives invstd 0 (y = beta), not Inf */
+    double is = (var == 0.0 && p->eps == 0.0) ? 0.0 : 1.0 / sqrt(var + p->eps);
     normalize_channel(p, x, res, ch, mean, is, norma__param(p->dt, gamma, ch, 1.0),
                       norma__param(p->dt, beta, ch, 0.0), y);
     if (save_mean) norma__param_store(p->dt, save_mean, ch, mean);

@@ -1,0 +1,44 @@
+"""norma: fast, exact BatchNorm for CPUs (Python binding of libnorma).
+
+Functional API on numpy arrays and CPU torch tensors::
+
+    y, save_mean, save_invstd = norma.batch_norm_forward_training(x, gamma, beta, eps=1e-5,
+        running_mean=rm, running_var=rv, momentum=0.1)
+    dx, dgamma, dbeta = norma.batch_norm_backward(dy, x, save_mean, save_invstd, gamma, beta)
+    y = norma.batch_norm_inference(x, rm, rv, gamma, beta)
+    y = norma.batch_norm(x, rm, rv, weight, bias, training, momentum, eps)   # F.batch_norm order
+
+PyTorch modules (autograd, channels_last, fused ReLU / add+ReLU) are in ``norma.torch``:
+``BatchNorm1d/2d/3d``, ``convert(model)``, ``fold_bn(model)``.
+
+The shared library is found through NORMA_LIBRARY, beside the package, in the build tree of
+the checkout, or where ``cmake --install`` put it (see norma._lib).
+"""
+
+from ._lib import (NormaError, NormaLibraryNotFound, library_path, CHANNELS_FIRST,
+                   CHANNELS_LAST, BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE,
+                   BN_GLOBAL_STATS)
+from ._core import (batch_norm_forward_training, batch_norm_inference, batch_norm_backward,
+                    batch_norm, bn_fold, fold_into_weights, moments, version, set_num_threads,
+                    get_num_threads, set_max_isa, get_isa, set_use_reference,
+                    get_use_reference)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NormaError", "NormaLibraryNotFound", "library_path",
+    "batch_norm_forward_training", "batch_norm_inference", "batch_norm_backward", "batch_norm",
+    "bn_fold", "fold_into_weights", "moments",
+    "version", "set_num_threads", "get_num_threads", "set_max_isa", "get_isa",
+    "set_use_reference", "get_use_reference",
+    "CHANNELS_FIRST", "CHANNELS_LAST", "BN_RELU", "BN_ADD_RELU", "BN_BIASED_RUNNING_VAR",
+    "CHECK_FINITE", "BN_GLOBAL_STATS",
+]
+
+
+def __getattr__(name):
+    # `norma.torch` without an explicit `import norma.torch` (torch is imported only then).
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'norma' has no attribute %r" % name)

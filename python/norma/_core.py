@@ -1,0 +1,587 @@
+"""The functional API over numpy arrays and (CPU) torch tensors.
+
+Tensor conventions
+------------------
+torch tensors always have the logical shape [N, C, *spatial] (as torch.nn's BatchNorm); the
+layout is the memory format: ``'channels_last'`` means the tensor is stored as
+[N, *spatial, C] (``torch.channels_last`` / ``torch.channels_last_3d`` for 4-D / 5-D).  With
+``layout=None`` it is inferred: channels-first when the tensor is contiguous, channels-last when
+it is dense in that order, else a channels-first copy is made.  Outputs have the layout used.
+
+numpy arrays have no memory format, so the layout says what the axes are: ``'channels_first'``
+(the default): [N, C, *spatial]; ``'channels_last'``: [N, *spatial, C].  Non-contiguous arrays
+are copied.
+
+Per-channel arrays are float64 when the data are float64 and float32 otherwise (the C
+convention); other dtypes are converted, and running statistics of another dtype are updated
+through a temporary and copied back.
+"""
+
+import ctypes
+import math
+import sys
+
+import numpy as np
+
+from . import _lib
+from ._lib import (BnDesc, call, CHANNELS_FIRST, CHANNELS_LAST, F32, F64, F16, BF16,
+                   BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE, BN_GLOBAL_STATS)
+
+_NP_DTYPES = {np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.float16): F16}
+_DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16"}
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(x):
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _torch_dtypes():
+    t = _torch()
+    return {t.float32: F32, t.float64: F64, t.float16: F16, t.bfloat16: BF16}
+
+
+def parse_layout(layout):
+    """None, 'channels_first' / 'channels_last' (also 'nchw'-style names) or 0 / 1."""
+    if layout is None:
+        return None
+    if isinstance(layout, str):
+        key = layout.lower().replace("-", "_")
+        if key in ("channels_first", "first", "nc", "ncl", "nchw", "ncdhw"):
+            return CHANNELS_FIRST
+        if key in ("channels_last", "last", "nlc", "nhwc", "ndhwc"):
+            return CHANNELS_LAST
+    elif layout in (CHANNELS_FIRST, CHANNELS_LAST) and not isinstance(layout, bool):
+        return int(layout)
+    else:
+        t = _torch()
+        if t is not None and layout in (t.channels_last, t.channels_last_3d):
+            return CHANNELS_LAST
+        if t is not None and layout is t.contiguous_format:
+            return CHANNELS_FIRST
+    raise ValueError("layout must be None, 'channels_first' or 'channels_last' (got %r)"
+                     % (layout,))
+
+
+def _cl_perm(ndim):
+    return [0] + list(range(2, ndim)) + [1]
+
+
+def _cl_strides(shape):
+    """Strides (in elements) of a dense [N, *spatial, C] tensor of logical shape
+    [N, C, *spatial]."""
+    c = shape[1]
+    strides = [0] * len(shape)
+    strides[1] = 1
+    acc = c
+    for i in range(len(shape) - 1, 1, -1):
+        strides[i] = acc
+        acc *= shape[i]
+    strides[0] = acc
+    return strides
+
+
+def _inv_perm(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+class _T:
+    """A dense tensor ready to be passed to C."""
+
+    __slots__ = ("obj", "ptr", "kind", "shape", "n", "c", "spatial", "layout", "dtype")
+
+    def desc(self, eps, flags):
+        return BnDesc(self.n, self.c, self.spatial, self.layout, self.dtype, float(eps),
+                      int(flags))
+
+    @property
+    def pdtype(self):
+        """The dtype of per-channel arrays, as numpy dtype or torch dtype."""
+        if self.kind == "torch":
+            t = _torch()
+            return t.float64 if self.dtype == F64 else t.float32
+        return np.dtype(np.float64) if self.dtype == F64 else np.dtype(np.float32)
+
+
+def _check_ndim(shape, name):
+    if len(shape) < 2 or len(shape) > 5:
+        raise ValueError("%s must have 2 to 5 dimensions ([N, C], [N, C, L], [N, C, H, W], "
+                         "[N, C, D, H, W]); got shape %s" % (name, tuple(shape)))
+
+
+def _torch_dense(x, layout):
+    """x (a detached CPU tensor) made dense in `layout`; returns the tensor of logical shape."""
+    if layout == CHANNELS_FIRST:
+        return x.contiguous()
+    perm = _cl_perm(x.dim())
+    p = x.permute(perm)
+    if p.is_contiguous():
+        return x
+    return p.contiguous().permute(_inv_perm(perm))
+
+
+def _torch_prepare(x, layout, name):
+    if x.device.type != "cpu":
+        raise ValueError("%s is on %s: norma runs on CPU tensors" % (name, x.device))
+    dts = _torch_dtypes()
+    if x.dtype not in dts:
+        raise TypeError("%s has dtype %s; norma supports float32, float64, float16 and bfloat16"
+                        % (name, x.dtype))
+    _check_ndim(x.shape, name)
+    x = x.detach()
+    if layout is None:
+        if x.is_contiguous():
+            layout = CHANNELS_FIRST
+        elif x.dim() >= 3 and x.permute(_cl_perm(x.dim())).is_contiguous():
+            layout = CHANNELS_LAST
+        else:
+            layout = CHANNELS_FIRST
+    x = _torch_dense(x, layout)
+    T = _T()
+    T.obj = x
+    T.ptr = x.data_ptr() if x.numel() else None
+    T.kind = "torch"
+    T.shape = tuple(x.shape)
+    T.n = x.shape[0]
+    T.c = x.shape[1]
+    T.spatial = int(math.prod(x.shape[2:]))
+    T.layout = layout
+    T.dtype = dts[x.dtype]
+    return T
+
+
+def _np_prepare(x, layout, name):
+    if is_torch_tensor(x):
+        raise TypeError("%s is a torch tensor while the data are numpy arrays" % name)
+    x = np.asarray(x)
+    if x.dtype not in _NP_DTYPES:
+        raise TypeError("%s has dtype %s; norma supports float32, float64 and float16 numpy "
+                        "arrays (bfloat16 through torch tensors)" % (name, x.dtype))
+    _check_ndim(x.shape, name)
+    if layout is None:
+        layout = CHANNELS_FIRST
+    x = np.ascontiguousarray(x)
+    T = _T()
+    T.obj = x
+    T.ptr = x.ctypes.data if x.size else None
+    T.kind = "numpy"
+    T.shape = tuple(x.shape)
+    T.n = x.shape[0]
+    if layout == CHANNELS_FIRST:
+        T.c = x.shape[1]
+        T.spatial = int(math.prod(x.shape[2:]))
+    else:
+        T.c = x.shape[-1]
+        T.spatial = int(math.prod(x.shape[1:-1]))
+    T.layout = layout
+    T.dtype = _NP_DTYPES[x.dtype]
+    return T
+
+
+def prepare(x, layout=None, name="x"):
+    """The main tensor: decides the kind (numpy / torch) and the layout."""
+    layout = parse_layout(layout)
+    if is_torch_tensor(x):
+        return _torch_prepare(x, layout, name)
+    return _np_prepare(x, layout, name)
+
+
+def prepare_like(t, ref, name):
+    """Another tensor argument (residual, dy, y...) in the kind, layout, shape, dtype of ref."""
+    if ref.kind == "torch":
+        if not is_torch_tensor(t):
+            t = _torch().as_tensor(np.asarray(t))
+        T = _torch_prepare(t, ref.layout, name)
+    else:
+        if is_torch_tensor(t):
+            t = t.detach().cpu().numpy()
+        T = _np_prepare(t, ref.layout, name)
+    if T.shape != ref.shape:
+        raise ValueError("%s has shape %s, expected %s (the shape of x)"
+                         % (name, T.shape, ref.shape))
+    if T.dtype != ref.dtype:
+        raise TypeError("%s has dtype %s, expected %s (the dtype of x)"
+                        % (name, _DTYPE_NAMES[T.dtype], _DTYPE_NAMES[ref.dtype]))
+    return T
+
+
+def new_like(ref):
+    """An uninitialized output tensor of ref's shape, dtype and layout."""
+    T = _T()
+    if ref.kind == "torch":
+        t = _torch()
+        if ref.layout == CHANNELS_FIRST:
+            o = t.empty(ref.shape, dtype=ref.obj.dtype)
+        else:
+            # a base tensor with channels-last strides, not a view (autograd allows in-place
+            # ops on it, e.g. a following ReLU(inplace=True))
+            o = t.empty_strided(ref.shape, _cl_strides(ref.shape), dtype=ref.obj.dtype)
+        T.ptr = o.data_ptr() if o.numel() else None
+    else:
+        o = np.empty(ref.shape, dtype=ref.obj.dtype)
+        T.ptr = o.ctypes.data if o.size else None
+    T.obj = o
+    for a in ("kind", "shape", "n", "c", "spatial", "layout", "dtype"):
+        setattr(T, a, getattr(ref, a))
+    return T
+
+
+class _P:
+    """A per-channel array passed to C: ptr, the object that owns the memory, and (for
+    arrays updated in place through a temporary) the original to copy back to."""
+
+    __slots__ = ("obj", "ptr", "target")
+
+    def __init__(self, obj, ptr, target=None):
+        self.obj = obj
+        self.ptr = ptr
+        self.target = target
+
+    def finish(self):
+        if self.target is None:
+            return
+        if is_torch_tensor(self.target):
+            t = _torch()
+            src = self.obj if is_torch_tensor(self.obj) else t.from_numpy(self.obj)
+            with t.no_grad():
+                self.target.copy_(src.reshape(self.target.shape))
+        else:
+            np.copyto(self.target, np.asarray(self.obj).reshape(self.target.shape),
+                      casting="unsafe")
+
+
+_NULL = _P(None, None)
+
+
+def _numel_ok(shape, numel):
+    return int(math.prod(shape)) == numel
+
+
+def _param_in_generic(p, numel, pdt_np, name):
+    """An input array of `numel` elements of numpy dtype pdt_np; returns _P."""
+    if p is None:
+        return _NULL
+    if is_torch_tensor(p):
+        t = _torch()
+        if p.device.type != "cpu":
+            raise ValueError("%s is on %s: norma runs on CPU tensors" % (name, p.device))
+        if not _numel_ok(p.shape, numel):
+            raise ValueError("%s must have %d elements (got shape %s)"
+                             % (name, numel, tuple(p.shape)))
+        pdt = t.float64 if pdt_np == np.float64 else t.float32
+        q = p.detach().to(pdt).contiguous()
+        return _P(q, q.data_ptr())
+    a = np.ascontiguousarray(p, dtype=pdt_np)
+    if a.size != numel:
+        raise ValueError("%s must have %d elements (got shape %s)" % (name, numel, a.shape))
+    return _P(a, a.ctypes.data)
+
+
+def param_in(p, ref, name):
+    pdt = np.float64 if ref.dtype == F64 else np.float32
+    if p is not None and ref.kind == "numpy" and is_torch_tensor(p):
+        p = p.detach().cpu().numpy()
+    return _param_in_generic(p, ref.c, pdt, name)
+
+
+def inout_generic(p, numel, pdt_np, name):
+    """An array updated in place: its own memory when it has the right dtype and is dense,
+    else a temporary copied back by finish()."""
+    if p is None:
+        return _NULL
+    if is_torch_tensor(p):
+        t = _torch()
+        if p.device.type != "cpu":
+            raise ValueError("%s is on %s: norma runs on CPU tensors" % (name, p.device))
+        if not _numel_ok(p.shape, numel):
+            raise ValueError("%s must have %d elements (got shape %s)"
+                             % (name, numel, tuple(p.shape)))
+        pdt = t.float64 if pdt_np == np.float64 else t.float32
+        d = p.detach()
+        if d.dtype == pdt and d.is_contiguous():
+            return _P(d, d.data_ptr())
+        tmp = d.to(pdt).contiguous().clone()
+        return _P(tmp, tmp.data_ptr(), target=p)
+    if not isinstance(p, np.ndarray):
+        raise TypeError("%s is updated in place and must be a numpy array or a torch tensor "
+                        "(got %s)" % (name, type(p).__name__))
+    if p.size != numel:
+        raise ValueError("%s must have %d elements (got shape %s)" % (name, numel, p.shape))
+    if not p.flags.writeable:
+        raise ValueError("%s is updated in place but is read-only" % name)
+    if p.dtype == pdt_np and p.flags.c_contiguous:
+        return _P(p, p.ctypes.data)
+    tmp = np.array(p, dtype=pdt_np, order="C", copy=True)
+    return _P(tmp, tmp.ctypes.data, target=p)
+
+
+def param_inout(p, ref, name):
+    return inout_generic(p, ref.c, np.float64 if ref.dtype == F64 else np.float32, name)
+
+
+def param_out(ref):
+    """A new per-channel output array of ref's kind and parameter dtype."""
+    if ref.kind == "torch":
+        o = _torch().empty(ref.c, dtype=ref.pdtype)
+        return _P(o, o.data_ptr())
+    o = np.empty(ref.c, dtype=ref.pdtype)
+    return _P(o, o.ctypes.data)
+
+
+def _flags(relu=False, add_relu=False, biased_running_var=False, check_finite=False,
+           global_stats=False):
+    f = 0
+    if relu and add_relu:
+        raise ValueError("relu and add_relu are exclusive (add_relu already applies the ReLU)")
+    if relu:
+        f |= BN_RELU
+    if add_relu:
+        f |= BN_ADD_RELU
+    if biased_running_var:
+        f |= BN_BIASED_RUNNING_VAR
+    if check_finite:
+        f |= CHECK_FINITE
+    if global_stats:
+        f |= BN_GLOBAL_STATS
+    return f
+
+
+# ------------------------------------------------------------------------------------------
+# Public functions
+# ------------------------------------------------------------------------------------------
+
+
+def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean=None,
+                                running_var=None, momentum=0.1, layout=None, relu=False,
+                                residual=None, biased_running_var=False, check_finite=False):
+    """Training forward: normalizes x with the statistics of the batch.
+
+    y = gamma * (x - mean) / sqrt(var + eps) + beta, then max(0, y) with ``relu=True``, or
+    max(0, y + residual) when ``residual`` is given (it requires ``relu=True``: the C library
+    fuses the residual add only with the ReLU).  running_mean / running_var, when given, are
+    updated in place: r = (1 - momentum) * r + momentum * batch_stat, with the unbiased batch
+    variance (the biased one with ``biased_running_var=True``).
+
+    Returns (y, save_mean, save_invstd); the last two feed batch_norm_backward.
+    """
+    X = prepare(x, layout)
+    add_relu = residual is not None
+    if add_relu and not relu:
+        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
+                         "(norma has no add-without-ReLU fusion)")
+    R = prepare_like(residual, X, "residual") if add_relu else None
+    flags = _flags(relu and not add_relu, add_relu, biased_running_var, check_finite)
+    g = param_in(gamma, X, "gamma")
+    b = param_in(beta, X, "beta")
+    rm = param_inout(running_mean, X, "running_mean")
+    rv = param_inout(running_var, X, "running_var")
+    if (running_mean is not None or running_var is not None) and momentum is None:
+        raise ValueError("momentum is None: pass a number in [0, 1] (the cumulative average "
+                         "of torch's modules is 1 / num_batches_tracked)")
+    Y = new_like(X)
+    sm = param_out(X)
+    si = param_out(X)
+    d = X.desc(eps, flags)
+    call("norma_bn_forward_training", ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr,
+         b.ptr, Y.ptr, sm.ptr, si.ptr, rm.ptr, rv.ptr,
+         float(momentum) if momentum is not None else 0.0)
+    rm.finish()
+    rv.finish()
+    return Y.obj, sm.obj, si.obj
+
+
+def batch_norm_inference(x, mean, var, gamma=None, beta=None, eps=1e-5, layout=None,
+                         relu=False, residual=None, check_finite=False):
+    """Inference forward with given statistics (e.g. the running ones):
+    y = gamma * (x - mean) / sqrt(var + eps) + beta, then the ReLU / add+ReLU.  Returns y."""
+    X = prepare(x, layout)
+    if mean is None or var is None:
+        raise ValueError("batch_norm_inference needs mean and var (e.g. the running statistics)")
+    add_relu = residual is not None
+    if add_relu and not relu:
+        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
+                         "(norma has no add-without-ReLU fusion)")
+    R = prepare_like(residual, X, "residual") if add_relu else None
+    flags = _flags(relu and not add_relu, add_relu, False, check_finite)
+    g = param_in(gamma, X, "gamma")
+    b = param_in(beta, X, "beta")
+    m = param_in(mean, X, "mean")
+    v = param_in(var, X, "var")
+    Y = new_like(X)
+    d = X.desc(eps, flags)
+    call("norma_bn_forward_inference", ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr,
+         b.ptr, m.ptr, v.ptr, Y.ptr)
+    return Y.obj
+
+
+def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,
+                        eps=1e-5, layout=None, relu=False, add_relu=False, global_stats=False,
+                        check_finite=False, compute_param_grads=True):
+    """Backward of the training forward (or of a frozen layer with ``global_stats=True``, where
+    save_mean / save_invstd are the constants mean and 1/sqrt(var + eps)).
+
+    x may be None when y is given and there is no activation (x_hat is recovered from y; gamma
+    must have no zero).  With ``relu`` or ``add_relu`` both x and y are needed (the mask is
+    y > 0).  Returns (dx, dgamma, dbeta), plus dresidual with ``add_relu``; dgamma and dbeta
+    are None with ``compute_param_grads=False``.
+    """
+    if x is None and y is None:
+        raise ValueError("batch_norm_backward needs x, or y when x is None")
+    if (relu or add_relu) and (x is None or y is None):
+        raise ValueError("with relu / add_relu the backward needs both x and y (the mask is "
+                         "y > 0)")
+    if save_mean is None or save_invstd is None:
+        raise ValueError("batch_norm_backward needs save_mean and save_invstd")
+    ref = prepare(x if x is not None else y, layout, "x" if x is not None else "y")
+    X = ref if x is not None else None
+    Yt = prepare_like(y, ref, "y") if (y is not None and (x is None or relu or add_relu)) \
+        else None
+    DY = prepare_like(dy, ref, "dy")
+    flags = _flags(relu, add_relu, False, check_finite, global_stats)
+    g = param_in(gamma, ref, "gamma")
+    b = param_in(beta, ref, "beta")
+    sm = param_in(save_mean, ref, "save_mean")
+    si = param_in(save_invstd, ref, "save_invstd")
+    DX = new_like(ref)
+    DR = new_like(ref) if add_relu else None
+    dg = param_out(ref) if compute_param_grads else _NULL
+    db = param_out(ref) if compute_param_grads else _NULL
+    d = ref.desc(eps, flags)
+    call("norma_bn_backward", ctypes.byref(d), X.ptr if X else None, Yt.ptr if Yt else None,
+         DY.ptr, g.ptr, b.ptr, sm.ptr, si.ptr, DX.ptr, DR.ptr if DR else None, dg.ptr, db.ptr)
+    out = (DX.obj, dg.obj, db.obj)
+    if add_relu:
+        out = out + (DR.obj,)
+    return out
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5, layout=None):
+    """torch.nn.functional.batch_norm's arguments and meaning.  On torch tensors this goes
+    through autograd (norma.torch.batch_norm); on numpy arrays it returns y."""
+    if is_torch_tensor(x):
+        from . import torch as _nt
+        return _nt.batch_norm(x, running_mean, running_var, weight, bias, training, momentum,
+                              eps)
+    if training:
+        return batch_norm_forward_training(x, weight, bias, eps, running_mean, running_var,
+                                           momentum, layout)[0]
+    if running_mean is None or running_var is None:
+        raise ValueError("running_mean and running_var must be defined in evaluation mode")
+    return batch_norm_inference(x, running_mean, running_var, weight, bias, eps, layout)
+
+
+# ------------------------------------------------------------------------------------------
+# Folding and moments
+# ------------------------------------------------------------------------------------------
+
+
+def _f32_in(p, c, name):
+    if p is not None and is_torch_tensor(p):
+        p = p.detach().cpu().numpy()
+    return _param_in_generic(p, c, np.float32, name)
+
+
+def bn_fold(mean, var, gamma=None, beta=None, eps=1e-5):
+    """scale = gamma / sqrt(var + eps), shift = beta - mean * scale (float32 numpy arrays)."""
+    m = np.ascontiguousarray(mean.detach().cpu().numpy() if is_torch_tensor(mean) else mean,
+                             dtype=np.float32)
+    c = m.size
+    v = _f32_in(var, c, "var")
+    g = _f32_in(gamma, c, "gamma")
+    b = _f32_in(beta, c, "beta")
+    scale = np.empty(c, np.float32)
+    shift = np.empty(c, np.float32)
+    call("norma_bn_fold", c, g.ptr, b.ptr, m.ctypes.data, v.ptr, float(eps), scale.ctypes.data,
+         shift.ctypes.data)
+    return scale, shift
+
+
+def fold_into_weights(weight, bias, mean, var, gamma=None, beta=None, eps=1e-5):
+    """Folds a BN into the producer before it, in place: weight [c_out, ...] (output channel
+    outermost) *= scale; bias = (bias - mean) * scale + beta.  weight and bias are float32
+    numpy arrays or torch tensors (others go through a temporary); returns (weight, bias)."""
+    shape = tuple(weight.shape)
+    if len(shape) < 1:
+        raise ValueError("weight must have the output channel as its first dimension")
+    c_out = int(shape[0])
+    per_out = int(math.prod(shape[1:]))
+    if bias is None:
+        raise ValueError("bias is required (pass zeros for a producer without bias)")
+    w = inout_generic(weight, c_out * per_out, np.float32, "weight")
+    b = inout_generic(bias, c_out, np.float32, "bias")
+    m = _f32_in(mean, c_out, "mean")
+    v = _f32_in(var, c_out, "var")
+    g = _f32_in(gamma, c_out, "gamma")
+    be = _f32_in(beta, c_out, "beta")
+    call("norma_bn_fold_into_weights", c_out, per_out, w.ptr, b.ptr, g.ptr, be.ptr, m.ptr,
+         v.ptr, float(eps))
+    w.finish()
+    b.finish()
+    return weight, bias
+
+
+def moments(x, layout=None, check_finite=False):
+    """(count, mean, m2) per channel (int64, float64, float64 numpy arrays), m2 = sum of the
+    squared deviations from the mean: the statistics of the split API."""
+    X = prepare(x, layout)
+    count = np.empty(X.c, np.int64)
+    mean = np.empty(X.c, np.float64)
+    m2 = np.empty(X.c, np.float64)
+    d = X.desc(0.0, _flags(check_finite=check_finite))
+    call("norma_bn_moments", ctypes.byref(d), X.ptr, count.ctypes.data, mean.ctypes.data,
+         m2.ctypes.data)
+    return count, mean, m2
+
+
+# ------------------------------------------------------------------------------------------
+# Library settings
+# ------------------------------------------------------------------------------------------
+
+_ISA_NAMES = {"scalar": _lib.ISA_SCALAR, "avx2": _lib.ISA_AVX2}
+
+
+def version():
+    """The C library's version string."""
+    return _lib.lib().norma_version().decode()
+
+
+def set_num_threads(n):
+    """Threads the C kernels may use; n <= 0 restores the default.  Results do not depend
+    on it."""
+    _lib.lib().norma_set_num_threads(int(n))
+
+
+def get_num_threads():
+    return int(_lib.lib().norma_get_num_threads())
+
+
+def set_max_isa(isa):
+    """Caps the instruction set: 'scalar' or 'avx2' (or 0 / 1)."""
+    if isinstance(isa, str):
+        if isa.lower() not in _ISA_NAMES:
+            raise ValueError("isa must be 'scalar' or 'avx2' (got %r)" % isa)
+        isa = _ISA_NAMES[isa.lower()]
+    call("norma_set_max_isa", int(isa))
+
+
+def get_isa():
+    """The instruction set the kernels use now: 'scalar' or 'avx2'."""
+    L = _lib.lib()
+    return L.norma_isa_name(L.norma_get_isa()).decode()
+
+
+def set_use_reference(on):
+    """Run the slow reference kernels (for debugging)."""
+    _lib.lib().norma_set_use_reference(1 if on else 0)
+
+
+def get_use_reference():
+    return bool(_lib.lib().norma_get_use_reference())

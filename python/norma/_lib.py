@@ -1,0 +1,335 @@
+"""ctypes binding of the C library libnorma (include/norma.h).
+
+The shared library is looked up, on first use, in this order:
+
+1. the environment variable ``NORMA_LIBRARY`` (the path of the .so): when it is set, that file is
+   loaded and nothing else is tried;
+2. beside this package (``norma/libnorma.so*``), for wheels that ship the library;
+3. the build tree of the checkout this package lives in (``<repo>/build/libnorma.so``, then
+   ``<repo>/build-*/libnorma.so``, the most recently built first);
+4. where ``cmake --install`` put it: ``ctypes.util.find_library("norma")``, then the usual
+   prefixes (``sys.prefix/lib``, ``/usr/local/lib``, ``/usr/local/lib64``, ``/usr/lib``...).
+
+Every function of norma.h gets its ``argtypes`` / ``restype`` here.  Data pointers (tensors and
+per-channel arrays alike) are declared ``c_void_p`` so that integer addresses
+(``tensor.data_ptr()``, ``ndarray.ctypes.data``) can be passed directly.
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+import threading
+
+__all__ = [
+    "NormaError",
+    "NormaLibraryNotFound",
+    "BnDesc",
+    "lib",
+    "library_path",
+    "check",
+    "OK",
+    "ERR_INVALID_ARGUMENT",
+    "ERR_UNSUPPORTED",
+    "ERR_OUT_OF_MEMORY",
+    "ERR_NONFINITE",
+    "ERR_COMMUNICATION",
+]
+
+# --- constants of norma.h ----------------------------------------------------------------------
+
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_UNSUPPORTED = 2
+ERR_OUT_OF_MEMORY = 3
+ERR_NONFINITE = 4
+ERR_COMMUNICATION = 5
+
+STATUS_NAMES = {
+    OK: "NORMA_OK",
+    ERR_INVALID_ARGUMENT: "NORMA_ERR_INVALID_ARGUMENT",
+    ERR_UNSUPPORTED: "NORMA_ERR_UNSUPPORTED",
+    ERR_OUT_OF_MEMORY: "NORMA_ERR_OUT_OF_MEMORY",
+    ERR_NONFINITE: "NORMA_ERR_NONFINITE",
+    ERR_COMMUNICATION: "NORMA_ERR_COMMUNICATION",
+}
+
+ISA_SCALAR = 0
+ISA_AVX2 = 1
+
+F32 = 0
+F64 = 1
+F16 = 2
+BF16 = 3
+
+CHANNELS_FIRST = 0
+CHANNELS_LAST = 1
+
+BN_RELU = 1 << 0
+BN_ADD_RELU = 1 << 1
+BN_BIASED_RUNNING_VAR = 1 << 2
+CHECK_FINITE = 1 << 3
+BN_GLOBAL_STATS = 1 << 4
+
+
+class NormaError(RuntimeError):
+    """A norma C call failed.
+
+    Attributes: ``status`` (the norma_status number), ``status_name`` (e.g.
+    ``"NORMA_ERR_INVALID_ARGUMENT"``), ``detail`` (the text of ``norma_last_error()``, which
+    names the offending argument and its value) and ``function`` (the C function called).
+    """
+
+    def __init__(self, status, status_name, detail, function=None):
+        self.status = int(status)
+        self.status_name = status_name
+        self.detail = detail
+        self.function = function
+        super().__init__("%s: %s" % (status_name, detail or "(no detail)"))
+
+
+class NormaLibraryNotFound(OSError):
+    """The shared library libnorma could not be found or loaded."""
+
+
+class BnDesc(ctypes.Structure):
+    """norma_bn_desc."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+        ("layout", ctypes.c_int),  # norma_layout
+        ("dtype", ctypes.c_int),  # norma_dtype
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+    def __repr__(self):
+        return "BnDesc(n=%d, c=%d, spatial=%d, layout=%d, dtype=%d, eps=%g, flags=0x%x)" % (
+            self.n, self.c, self.spatial, self.layout, self.dtype, self.eps, self.flags)
+
+
+_vp = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_int = ctypes.c_int
+_dbl = ctypes.c_double
+_status = ctypes.c_int  # norma_status
+_pdesc = ctypes.POINTER(BnDesc)
+
+# name: (restype, [argtypes]); every function of include/norma.h.
+PROTOTYPES = {
+    # status, errors, version, threads
+    "norma_status_string": (ctypes.c_char_p, [_status]),
+    "norma_last_error": (ctypes.c_char_p, []),
+    "norma_version": (ctypes.c_char_p, []),
+    "norma_set_num_threads": (None, [_int]),
+    "norma_get_num_threads": (_int, []),
+    # instruction-set dispatch
+    "norma_set_max_isa": (_status, [_int]),
+    "norma_get_isa": (_int, []),
+    "norma_isa_name": (ctypes.c_char_p, [_int]),
+    "norma_set_use_reference": (None, [_int]),
+    "norma_get_use_reference": (_int, []),
+    # BatchNorm
+    # (d, x, residual, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum)
+    "norma_bn_forward_training": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                            _dbl]),
+    # (d, x, residual, gamma, beta, mean, var, y)
+    "norma_bn_forward_inference": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dresidual, dgamma, dbeta)
+    "norma_bn_backward": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp]),
+    # inference folding
+    # (c, gamma, beta, mean, var, eps, scale, shift)   float arrays
+    "norma_bn_fold": (_status, [_i64, _vp, _vp, _vp, _vp, _dbl, _vp, _vp]),
+    # (c_out, per_out, weight, bias, gamma, beta, mean, var, eps)   float arrays
+    "norma_bn_fold_into_weights": (_status, [_i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp, _dbl]),
+    # split API
+    # (d, x, count[int64], mean[double], m2[double])
+    "norma_bn_moments": (_status, [_pdesc, _vp, _vp, _vp, _vp]),
+    # (dtype, rows, channels, x, row_stride, channel_stride, count, mean, m2)
+    "norma_bn_moments_accumulate": (_status, [_int, _i64, _i64, _vp, _i64, _i64, _vp, _vp, _vp]),
+    # (c, count_a, mean_a, m2_a, count_b, mean_b, m2_b)
+    "norma_bn_moments_merge": (_status, [_i64, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, count, mean, m2, mean_out, invstd_out, save_mean, save_invstd, running_mean,
+    #  running_var, momentum)
+    "norma_bn_stats_from_moments": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                              _vp, _dbl]),
+    # (d, x, residual, gamma, beta, mean[double], invstd[double], y)
+    "norma_bn_forward_apply": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, mean, invstd, sum_dy, sum_dy_xhat, sum_xhat)
+    "norma_bn_backward_reduce": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                           _vp]),
+    # (d, x, y, dy, gamma, beta, mean, invstd, sum_dy, sum_dy_xhat, sum_xhat, count, dx,
+    #  dresidual)
+    "norma_bn_backward_apply": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                          _vp, _i64, _vp, _vp]),
+    # (d, sum_dy, sum_dy_xhat, sum_xhat, count, dgamma, dbeta)
+    "norma_bn_param_grads": (_status, [_pdesc, _vp, _vp, _vp, _i64, _vp, _vp]),
+}
+
+_LOCK = threading.Lock()
+_LIB = None
+_LIB_PATH = None
+
+
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _shared_names():
+    if sys.platform == "darwin":
+        return ["libnorma.dylib", "libnorma.*.dylib"]
+    if sys.platform.startswith("win"):
+        return ["norma.dll", "libnorma.dll"]
+    return ["libnorma.so", "libnorma.so.*"]
+
+
+def candidate_paths():
+    """The files tried after NORMA_LIBRARY, in order (those that exist)."""
+    out = []
+
+    def add_glob(folder):
+        for pattern in _shared_names():
+            for p in sorted(glob.glob(os.path.join(folder, pattern))):
+                if os.path.isfile(p) and p not in out:
+                    out.append(p)
+
+    # 2. beside the package
+    add_glob(_package_dir())
+    # 3. the build tree of the checkout: <repo>/python/norma/_lib.py -> <repo>
+    repo = os.path.dirname(os.path.dirname(_package_dir()))
+    if os.path.isfile(os.path.join(repo, "include", "norma.h")):
+        add_glob(os.path.join(repo, "build"))
+        # build-*/: the most recently built library first (a stale tree must not win by name)
+        others = []
+        for d in glob.glob(os.path.join(repo, "build-*")):
+            for pattern in _shared_names()[:1]:
+                p = os.path.join(d, pattern)
+                if os.path.isfile(p):
+                    others.append((-os.path.getmtime(p), p))
+        for _, p in sorted(others):
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def _install_candidates():
+    out = []
+    found = ctypes.util.find_library("norma")
+    if found:
+        out.append(found)
+    prefixes = [sys.prefix, getattr(sys, "base_prefix", sys.prefix), "/usr/local", "/usr",
+                os.path.expanduser("~/.local"), "/opt/norma"]
+    libdirs = ["lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"]
+    for pre in prefixes:
+        for ld in libdirs:
+            folder = os.path.join(pre, ld)
+            for pattern in _shared_names():
+                for p in sorted(glob.glob(os.path.join(folder, pattern))):
+                    if os.path.isfile(p) and p not in out:
+                        out.append(p)
+    return out
+
+
+def _declare(dll):
+    missing = []
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            fn = getattr(dll, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return missing
+
+
+def _load():
+    global _LIB, _LIB_PATH
+    tried = []
+    env = os.environ.get("NORMA_LIBRARY")
+    if env:
+        try:
+            dll = ctypes.CDLL(env)
+        except OSError as e:
+            raise NormaLibraryNotFound(
+                "NORMA_LIBRARY=%r could not be loaded: %s" % (env, e)) from None
+        path = env
+    else:
+        dll = None
+        path = None
+        for cand in candidate_paths() + _install_candidates():
+            try:
+                dll = ctypes.CDLL(cand)
+                path = cand
+                break
+            except OSError as e:
+                tried.append("%s (%s)" % (cand, e))
+        if dll is None:
+            repo = os.path.dirname(os.path.dirname(_package_dir()))
+            if os.path.isfile(os.path.join(repo, "include", "norma.h")):
+                build = ("Build it (cd %s && cmake -S . -B build && cmake --build build), "
+                         "install it (cmake --install build), " % repo)
+                where = "in %s/build and %s/build-*, " % (repo, repo)
+            else:
+                build = "Install it (cmake --install build in a norma checkout), "
+                where = ""
+            raise NormaLibraryNotFound(
+                "libnorma not found. %sor set NORMA_LIBRARY to the path of libnorma.so. "
+                "Looked beside the package (%s), %svia ctypes.util.find_library('norma') and in "
+                "the usual prefixes (sys.prefix/lib, /usr/local/lib, /usr/lib...).%s"
+                % (build, _package_dir(), where,
+                   (" Failed to load: " + "; ".join(tried)) if tried else ""))
+    missing = _declare(dll)
+    if missing:
+        raise NormaLibraryNotFound(
+            "%s does not export %s: it is older than this package or not libnorma"
+            % (path, ", ".join(missing)))
+    _LIB = dll
+    _LIB_PATH = path
+    return dll
+
+
+def lib():
+    """The loaded CDLL (loads it on first call; raises NormaLibraryNotFound)."""
+    if _LIB is not None:
+        return _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        return _load()
+
+
+def library_path():
+    """The path (or name) of the loaded shared library."""
+    lib()
+    return _LIB_PATH
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def status_string(status):
+    return _s(lib().norma_status_string(int(status)))
+
+
+def last_error():
+    return _s(lib().norma_last_error())
+
+
+def check(status, function=None):
+    """Raises NormaError for a status other than NORMA_OK."""
+    if status != OK:
+        L = lib()
+        raise NormaError(status, _s(L.norma_status_string(status)), _s(L.norma_last_error()),
+                         function)
+    return status
+
+
+def call(name, *args):
+    """Calls the C function `name` and raises NormaError on failure."""
+    return check(getattr(lib(), name)(*args), name)

@@ -1,0 +1,105 @@
+"""Smoke test of tools/norma-bench: a tiny run (norma only, one small shape) must finish and
+write a JSON / CSV / SVG with the documented fields.  No timing is asserted.
+
+The build directory is NORMA_BENCH_BUILD_DIR, else <repo>/build, else the first <repo>/build*
+that holds tools/norma-bench-norma; the test is skipped when none does."""
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(REPO, "tools", "norma-bench")
+WORKER = os.path.join("tools", "norma-bench-norma")
+
+
+def _build_dir():
+    cands = []
+    if os.environ.get("NORMA_BENCH_BUILD_DIR"):
+        cands.append(os.environ["NORMA_BENCH_BUILD_DIR"])
+    cands.append(os.path.join(REPO, "build"))
+    cands += sorted(glob.glob(os.path.join(REPO, "build*")))
+    for d in cands:
+        if os.path.exists(os.path.join(d, WORKER)):
+            return d
+    return None
+
+
+def _run(args, timeout=60):
+    build = _build_dir()
+    if build is None:
+        pytest.skip("norma-bench-norma is not built (cmake --build build)")
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    return subprocess.run([python, BENCH, "--build-dir", build] + args, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def test_quick_run_writes_json_csv_svg(tmp_path):
+    js, cs, sv = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.svg"
+    r = _run(["--quick", "--peers", "none", "--ops", "fwd,bwd", "--shape", "2,3,4,4",
+              "--shape", "4,8", "--threads", "2", "--out-dir", str(tmp_path),
+              "--json", str(js), "--csv", str(cs), "--svg", str(sv)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "norma ms" in r.stdout  # the human table
+    assert "[1/" in r.stderr       # the progress line
+
+    doc = json.loads(js.read_text())
+    for key in ("date", "command", "threads", "reps", "warmup", "machine", "bandwidth",
+                "norma", "peers", "libs", "notes", "cases", "summary"):
+        assert key in doc, key
+    assert doc["libs"] == ["norma"]
+    bw = doc["bandwidth"]
+    assert bw["status"] == "ok"
+    for key in ("copy_nt_GBps", "copy_GBps", "read_GBps", "bytes", "threads"):
+        assert key in bw, key
+    assert bw["bytes"] >= 256 << 20
+    assert bw["copy_nt_GBps"] > 0
+    m = doc["machine"]
+    assert m["fits_in_cache_bytes"] > 0 and "l2_share_bytes" in m["cache"]
+
+    # 2 ops x (2 layouts of the 4-D shape + 1 of the 2-D shape)
+    assert len(doc["cases"]) == 6
+    seen = set()
+    for c in doc["cases"]:
+        seen.add((c["op"], c["layout"]))
+        for key in ("op", "layout", "dtype", "shape", "results", "bytes_min", "model",
+                    "model_bytes", "fits_in_cache", "eff_GBps", "pct_copy_bw", "speedup"):
+            assert key in c, key
+        assert c["model"] in ("1-pass", "2-pass")
+        assert isinstance(c["fits_in_cache"], bool)
+        r = c["results"]["norma"]
+        assert r["status"] == "ok", r
+        for key in ("min_ms", "median_ms", "max_ms", "reps", "warmup", "impl"):
+            assert key in r, key
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["reps"] >= 1
+        assert c["eff_GBps"]["norma"] > 0 and c["pct_copy_bw"]["norma"] > 0
+    assert ("fwd", "nc") in seen and ("bwd", "nhwc") in seen
+    e = doc["cases"][0]
+    assert e["bytes_min"] == 2 * 2 * 3 * 4 * 4 * 4  # fwd f32: read x + write y
+    groups = doc["summary"]["groups"]
+    assert groups and all("geomean_pct_copy_bw" in g and "geomean_speedup" in g for g in groups)
+
+    rows = list(csv.DictReader(cs.open()))
+    assert len(rows) == 6
+    for key in ("op", "layout", "dtype", "shape", "lib", "status", "median_ms", "eff_GBps",
+                "pct_copy_bw", "model", "fits_in_cache"):
+        assert key in rows[0], key
+
+    root = ET.parse(str(sv)).getroot()  # well-formed
+    assert root.tag.endswith("svg")
+    assert "norma" in sv.read_text()
+
+
+def test_list_cases():
+    r = _run(["--suite", "seed_nc", "--ops", "fwd", "--list"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert "fwd nc f32 64,1024" in lines
+    assert len([x for x in lines if x]) == 4

@@ -1,0 +1,180 @@
+"""Shapes big enough for the library's parallel paths (more than 32768 values), streaming stores
+(outputs of 8 MiB and more) and both schedules (NORMA_SCHEDULE=fused|split), against torch and
+the float64 reference."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import norma
+import norma.torch as nt
+import bn_reference as ref
+from conftest import PYDIR
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+# (shape, memory format)
+CASES = [
+    ((4, 67, 15, 15), None),                      # 60k values, C = 64 + 3
+    ((4, 67, 15, 15), torch.channels_last),
+    ((2, 3, 160, 160), torch.channels_last),      # few channels, many rows
+    ((2, 5, 6, 40, 40), torch.channels_last_3d),
+    ((3, 19, 1201), None),                        # odd runs
+]
+
+
+def _ids():
+    return ["x".join(map(str, s)) + ("-cl" if f is not None else "") for s, f in CASES]
+
+
+def _np(t):
+    return t.detach().double().numpy()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape,fmt", CASES, ids=_ids())
+def test_medium_training_vs_torch_and_reference(shape, fmt, dtype):
+    g = torch.Generator().manual_seed(42)
+    tdt = DTYPES[dtype]
+    pdt = torch.float64 if dtype == "float64" else torch.float32
+    c = shape[1]
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).to(tdt)
+    gy = torch.randn(shape, generator=g, dtype=torch.float64).to(tdt)
+    if fmt is not None:
+        x = x.to(memory_format=fmt)
+        gy = gy.to(memory_format=fmt)
+    w = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(pdt)
+    b = torch.randn(c, generator=g, dtype=torch.float64).to(pdt)
+    xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
+    rm, rv = torch.zeros(c, dtype=pdt), torch.ones(c, dtype=pdt)
+    y = nt.batch_norm(xa, rm, rv, wa, ba, True, 0.1, 1e-5)
+    y.backward(gy)
+    if fmt is not None:
+        assert y.is_contiguous(memory_format=fmt) and xa.grad.is_contiguous(memory_format=fmt)
+    m = shape[0] * int(math.prod(shape[2:]))
+    pname = "float64" if dtype == "float64" else "float32"
+    # reference on the same (rounded) data
+    yr, mean, var, invstd = ref.forward_train(_np(x), _np(w), _np(b))
+    dxr, dgr, dbr, _ = ref.backward(_np(gy), _np(x), mean, invstd, _np(w))
+    ref.assert_close(_np(y), yr, dtype, scale=2, what="y")
+    ref.assert_close(_np(xa.grad), dxr, dtype, scale=2, what="dx")
+    ref.assert_close(_np(wa.grad), dgr, pname, scale=math.sqrt(m) * 4, what="dweight")
+    ref.assert_close(_np(ba.grad), dbr, pname, scale=math.sqrt(m) * 4, what="dbias")
+    ref.assert_close(_np(rm), 0.1 * mean, pname, what="running_mean")
+    ref.assert_close(_np(rv), 0.9 + 0.1 * var * m / (m - 1), pname, what="running_var")
+    if dtype in ("float32", "float64"):
+        xb, wb, bb = (t.clone().requires_grad_() for t in (x, w, b))
+        yt = F.batch_norm(xb, None, None, wb, bb, True, 0.1, 1e-5)
+        yt.backward(gy)
+        ref.assert_close(_np(y), _np(yt), dtype, scale=2, what="y vs torch")
+        ref.assert_close(_np(xa.grad), _np(xb.grad), dtype, scale=4, what="dx vs torch")
+        ref.assert_close(_np(wa.grad), _np(wb.grad), pname, scale=math.sqrt(m) * 4,
+                         what="dweight vs torch")
+    # inference with the running statistics
+    yi = nt.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5)
+    ref.assert_close(_np(yi), ref.forward_infer(_np(x), _np(rm), _np(rv), _np(w), _np(b)),
+                     dtype, scale=2, what="inference")
+
+
+def test_streaming_store_sized_output_and_threads():
+    """A 9 MiB float32 output (written around the cache) in both layouts, and bitwise equal
+    results for 1 and 2 threads on a parallel-sized problem."""
+    g = torch.Generator().manual_seed(3)
+    for fmt in (None, torch.channels_last):
+        x = torch.randn(8, 32, 96, 96, generator=g)
+        dy = torch.randn(8, 32, 96, 96, generator=g)
+        if fmt is not None:
+            x = x.to(memory_format=fmt)
+            dy = dy.to(memory_format=fmt)
+        w = torch.rand(32, generator=g) + 0.5
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = nt.batch_norm(xa, None, None, wa, None, True)
+        y.backward(dy)
+        xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
+        yt = F.batch_norm(xb, None, None, wb, None, True)
+        yt.backward(dy)
+        ref.assert_close(_np(y), _np(yt), "float32", scale=2, what="y")
+        ref.assert_close(_np(xa.grad), _np(xb.grad), "float32", scale=4, what="dx")
+        ref.assert_close(_np(wa.grad), _np(wb.grad), "float32", scale=4 * 270, what="dw")
+        rm, rv = torch.randn(32, generator=g), torch.rand(32, generator=g) + 0.5
+        yi = norma.batch_norm_inference(x, rm, rv, w, relu=True)
+        yti = torch.relu(F.batch_norm(x, rm, rv, w, None, False))
+        ref.assert_close(_np(yi), _np(yti), "float32", scale=2, what="inference")
+    x = torch.randn(4, 67, 15, 15, generator=g).to(memory_format=torch.channels_last)
+    dy = torch.randn(4, 67, 15, 15, generator=g)
+    outs = []
+    try:
+        for n in (1, 2):
+            norma.set_num_threads(n)
+            y, sm, si = norma.batch_norm_forward_training(x)
+            dx, dg, db = norma.batch_norm_backward(dy, x, sm, si)
+            outs.append((y, sm, si, dx, dg, db))
+    finally:
+        norma.set_num_threads(0)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+_SCHEDULE_SCRIPT = r"""
+import sys, numpy as np, norma
+out = sys.argv[1]
+rng = np.random.default_rng(7)
+res = {}
+for i, (shape, layout) in enumerate([((4, 67, 225), "channels_first"),
+                                     ((4, 15, 15, 67), "channels_last"),
+                                     ((2, 25600, 3), "channels_last"),
+                                     ((3, 19, 1201), "channels_first")]):
+    for dt in (np.float32, np.float16):
+        x = (rng.standard_normal(shape) * 2 + 1).astype(dt)
+        dy = rng.standard_normal(shape).astype(dt)
+        c = shape[1] if layout == "channels_first" else shape[-1]
+        g = (rng.random(c) + 0.5).astype(np.float32)
+        b = rng.standard_normal(c).astype(np.float32)
+        y, sm, si = norma.batch_norm_forward_training(x, g, b, layout=layout)
+        dx, dg, db = norma.batch_norm_backward(dy, x, sm, si, g, b, layout=layout)
+        k = "%d_%s" % (i, np.dtype(dt).name)
+        res.update({k + "_x": x, k + "_dy": dy, k + "_g": g, k + "_b": b, k + "_y": y,
+                    k + "_sm": sm, k + "_si": si, k + "_dx": dx, k + "_dg": dg, k + "_db": db,
+                    k + "_layout": np.array(layout)})
+np.savez(out, **res)
+"""
+
+
+def test_fused_and_split_schedules_identical_and_correct(tmp_path):
+    files = {}
+    for sched in ("fused", "split"):
+        env = dict(os.environ, NORMA_SCHEDULE=sched, PYTHONPATH=PYDIR,
+                   NORMA_LIBRARY=os.path.abspath(norma.library_path()))
+        out = str(tmp_path / ("%s.npz" % sched))
+        r = subprocess.run([sys.executable, "-c", _SCHEDULE_SCRIPT, out], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        files[sched] = np.load(out)
+    a, b = files["fused"], files["split"]
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), "fused and split schedules differ in %s" % k
+    # and both are right
+    for k in [f[:-2] for f in a.files if f.endswith("_y")]:
+        layout = str(a[k + "_layout"])
+        x, dy = a[k + "_x"], a[k + "_dy"]
+        if layout == "channels_last":
+            x, dy = np.moveaxis(x, -1, 1), np.moveaxis(dy, -1, 1)
+            y, dx = np.moveaxis(a[k + "_y"], -1, 1), np.moveaxis(a[k + "_dx"], -1, 1)
+        else:
+            y, dx = a[k + "_y"], a[k + "_dx"]
+        dname = "float16" if k.endswith("float16") else "float32"
+        yr, mean, var, invstd = ref.forward_train(x, a[k + "_g"], a[k + "_b"])
+        dxr, dgr, dbr, _ = ref.backward(dy, x, mean, invstd, a[k + "_g"])
+        m = x.size // x.shape[1]
+        ref.assert_close(y, yr, dname, scale=2, what=k + " y")
+        ref.assert_close(dx, dxr, dname, scale=2, what=k + " dx")
+        ref.assert_close(a[k + "_dg"], dgr, "float32", scale=4 * math.sqrt(m), what=k + " dg")
+        ref.assert_close(a[k + "_db"], dbr, "float32", scale=4 * math.sqrt(m), what=k + " db")
