@@ -227,6 +227,34 @@ NORMA_API norma_status norma_bn_backward(const norma_bn_desc *d,
     void *dx, void *dresidual, void *dgamma, void *dbeta);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Plan introspection                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum norma_bn_op {
+  NORMA_BN_OP_FORWARD_TRAINING = 0,
+  NORMA_BN_OP_FORWARD_INFERENCE = 1,
+  NORMA_BN_OP_BACKWARD = 2
+} norma_bn_op;
+
+/* How a call would run on this machine with the current settings (threads, ISA cap). */
+typedef struct norma_bn_plan {
+  int dram_passes;      /* times the input tensors are read from memory: 1 (the floor: a
+                           block is reduced and applied while it is in cache) or 2 (the
+                           reductions, then the apply) */
+  int fused;            /* 1: threads own blocks of channels end to end; 0: split schedule */
+  int64_t unit;         /* channels per block in the fused schedule, 0 otherwise */
+  int threads;          /* threads the call uses (1 for tensors too small to share) */
+  norma_isa isa;        /* instruction set of the kernels */
+  int streaming_stores; /* outputs bypass the cache (non-temporal stores) */
+  int reference;        /* 1 when norma_set_use_reference(1) routes calls to the reference */
+} norma_bn_plan;
+
+/* Fills *plan for op on d (checked like the op's descriptor; flags are taken into account).
+   Errors: NORMA_ERR_INVALID_ARGUMENT. */
+NORMA_API norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op op,
+                                           norma_bn_plan *plan);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Inference folding                                                                          */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -151,3 +151,25 @@ norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void
   bn_trace_end("bn_backward", &p, t0, 3 + (x && y ? 1 : 0) + (dresidual ? 1 : 0), st);
   return st;
 }
+
+norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op op, norma_bn_plan *plan) {
+  static const char fn[] = "norma_bn_query_plan";
+  bn_problem p;
+  if (op != NORMA_BN_OP_FORWARD_TRAINING && op != NORMA_BN_OP_FORWARD_INFERENCE &&
+      op != NORMA_BN_OP_BACKWARD)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: op is not a norma_bn_op (got %d)", fn,
+                       (int)op);
+  TRY(bn_check_desc(fn, d, 1, 0, &p));
+  TRY(bn_require(fn, "plan", plan));
+  if (norma__use_reference()) {
+    /* the reference reads per channel: sums, deviations, normalize (backward: sums, dx) */
+    *plan = (norma_bn_plan){.dram_passes = op == NORMA_BN_OP_FORWARD_INFERENCE ? 1
+                                           : op == NORMA_BN_OP_BACKWARD        ? 2
+                                                                               : 3,
+                            .fused = 0, .unit = 0, .threads = 1, .isa = NORMA_ISA_SCALAR,
+                            .streaming_stores = 0, .reference = 1};
+    return NORMA_OK;
+  }
+  bn_cpu_query_plan(&p, (int)op, plan);
+  return NORMA_OK;
+}

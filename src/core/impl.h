@@ -44,6 +44,8 @@ typedef struct bn_impl {
 extern const bn_impl bn_impl_ref;
 extern const bn_impl bn_impl_cpu;
 
+void bn_cpu_query_plan(const bn_problem *p, int op, norma_bn_plan *out);
+
 static inline const bn_impl *bn_impl_current(void) {
   return norma__use_reference() ? &bn_impl_ref : &bn_impl_cpu;
 }

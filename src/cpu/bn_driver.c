@@ -59,7 +59,8 @@ struct job {
   int64_t rows;        /* rows_form: number of rows (n * spatial) */
   size_t cbytes;       /* bytes of the compute type */
   int nt;              /* threads */
-  int64_t unit;        /* rows form, fused schedule: channels per unit */
+  int64_t unit;        /* fused schedule: channels per unit */
+  int fused;           /* the fused schedule (else split) */
   int store;           /* BN_STORE_NT when outputs bypass the cache */
   int nsums;           /* SUMS_* */
   int apply;           /* run the apply kernels after finalize */
@@ -460,7 +461,8 @@ static int forced_schedule(void) {
 }
 
 /* Sets up the job's geometry, allocates scratch, runs.  Called by every operation. */
-static norma_status run(job *jb, void (*prepare)(job *)) {
+/* Sets up the job's geometry and schedule (no data touched). */
+static void plan(job *jb) {
   const bn_problem *p = jb->p;
   jb->rows_form = p->layout == NORMA_CHANNELS_LAST || p->s == 1;
   jb->rows = p->m;
@@ -469,27 +471,57 @@ static norma_status run(job *jb, void (*prepare)(job *)) {
   if (norma__isa() == NORMA_ISA_AVX2) jb->uk = bn_ukernels_avx2(p->dt);
   if (!jb->uk) jb->uk = bn_ukernels_scalar(p->dt);
   jb->nt = p->total < SERIAL_BELOW ? 1 : norma__threads();
-
-  int fused = jb->nsums && plan_fused(jb);
-  if (jb->nsums && forced_schedule() >= 0) fused = forced_schedule();
+  jb->unit = 1;
+  jb->fused = jb->nsums && plan_fused(jb);
+  if (jb->nsums && forced_schedule() >= 0) jb->fused = forced_schedule();
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
      whole lines: long channels-first runs, or whole rows in channels-last */
-  const int whole_lines = jb->rows_form ? (!fused || jb->unit == p->c)
+  const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == p->c)
                                         : p->s * (int64_t)p->esize >= 2048;
   jb->store = whole_lines && p->total * (int64_t)p->esize >= NT_MIN_BYTES ? BN_STORE_NT : 0;
+}
+
+/* Plans, allocates scratch, runs.  Called by every operation. */
+static norma_status run(job *jb, void (*prepare)(job *)) {
+  const bn_problem *p = jb->p;
+  plan(jb);
   size_t part_bytes = 0;
-  if (!fused) {
-    int64_t nseg = nsegments(jb);
-    part_bytes = (size_t)nseg * (size_t)p->c * (size_t)jb->nsums * sizeof(double);
-  }
+  if (!jb->fused) part_bytes = (size_t)nsegments(jb) * (size_t)p->c * (size_t)jb->nsums * sizeof(double);
   void *part = NULL;
   if (!scratch_alloc(jb, part_bytes, &part))
     return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating %zu bytes of "
                        "scratch", part_bytes + (size_t)p->c * 80);
   if (prepare) prepare(jb);
-  if (fused) run_fused(jb);
+  if (jb->fused) run_fused(jb);
   else run_split(jb, part);
   return NORMA_OK;
+}
+
+/* norma_bn_query_plan for the production path: the decisions run() would take. */
+void bn_cpu_query_plan(const bn_problem *p, int op, norma_bn_plan *out) {
+  job jb = {.p = p, .nsums = op == NORMA_BN_OP_FORWARD_INFERENCE ? SUMS_NONE
+                             : op == NORMA_BN_OP_BACKWARD        ? SUMS_BWD
+                                                                 : SUMS_STATS,
+            .apply = 1};
+  plan(&jb);
+  out->fused = jb.fused;
+  out->unit = jb.fused ? jb.unit : 0;
+  out->threads = jb.nt;
+  out->isa = norma__isa() == NORMA_ISA_AVX2 && bn_ukernels_avx2(p->dt) ? NORMA_ISA_AVX2
+                                                                      : NORMA_ISA_SCALAR;
+  out->streaming_stores = jb.store != 0;
+  out->reference = 0;
+  /* reads of the inputs from memory: 1 when there is no reduction, or when a fused unit stays
+     in the L2 share between its reduction and its apply */
+  if (!jb.nsums) {
+    out->dram_passes = 1;
+  } else if (!jb.fused) {
+    out->dram_passes = 2;
+  } else {
+    const int64_t tensors = jb.nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
+    const int64_t unit_bytes = jb.unit * p->m * (int64_t)p->esize * tensors;
+    out->dram_passes = unit_bytes <= norma__l2_bytes() / 2 ? 1 : 2;
+  }
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
