@@ -345,13 +345,14 @@ NORMA_API norma_status norma_bn_backward_reduce(const norma_bn_desc *d, const vo
     const double *invstd, double *sum_dy, double *sum_dy_xhat, double *sum_xhat);
 
 /* dx (and dresidual with ADD_RELU) from the global sums over `count` values per channel:
-     with s = sum_xhat / count (0 when sum_xhat is NULL, or when |s| > 1/16: see
-     norma_bn_backward), x_hat' = x_hat - s,
+     with s = sum_xhat / count (0 when sum_xhat is NULL), x_hat' = x_hat - s,
      S = sum_dy_xhat - s * sum_dy,
      dx = gamma * invstd * (g - sum_dy / count - x_hat' * S / count).
    With NORMA_BN_GLOBAL_STATS: dx = gamma * invstd * g (sums and count unused).
    The matching parameter gradients are dbeta = sum_dy, dgamma = S (see
-   norma_bn_param_grads).  count >= 1 (>= 2 is what a training forward allows). */
+   norma_bn_param_grads).  count >= 1 (>= 2 is what a training forward allows).  The
+   correction is applied as given: norma_bn_backward applies it only when |s| <= 1/16 (what
+   rounding a stored mean can cause); a caller wanting that rule passes NULL otherwise. */
 NORMA_API norma_status norma_bn_backward_apply(const norma_bn_desc *d, const void *x,
     const void *y, const void *dy, const void *gamma, const void *beta, const double *mean,
     const double *invstd, const double *sum_dy, const double *sum_dy_xhat,

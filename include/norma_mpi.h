@@ -40,9 +40,8 @@
  *  - MPI errors never abort: the calls work on a private duplicate of comm (made by the first
  *    call on comm, a collective; cached on comm as an attribute and freed with it) whose error
  *    handler is MPI_ERRORS_RETURN.  comm itself is not changed.
- *  - The detail of the last failed call of this thread is in norma_mpi_last_error() (below).
- *    norma_last_error() may additionally hold the message of the norma call that failed
- *    inside, when one did.
+ *  - The detail of the last failed call of this thread is in norma_last_error(), as for every
+ *    norma call, and also in norma_mpi_last_error() (below).
  *  - MPI must be initialized and not finalized (else NORMA_ERR_COMMUNICATION).  Calls on
  *    different communicators may run concurrently from different threads when MPI was
  *    initialized with MPI_THREAD_MULTIPLE.

@@ -347,7 +347,7 @@ norma_status norma_bn_param_grads(const norma_bn_desc *d, const double *sum_dy,
   };
   TRY(bn_check_overlaps(fn, r, 5));
   for (int64_t j = 0; j < p.c; j++) {
-    double s = (sum_xhat && !global) ? bn_xhat_offset(sum_xhat[j], (double)count) : 0.0;
+    double s = (sum_xhat && !global) ? sum_xhat[j] / (double)count : 0.0;
     if (dgamma) norma__param_store(p.dt, dgamma, j, sum_dy_xhat[j] - s * sum_dy[j]);
     if (dbeta) norma__param_store(p.dt, dbeta, j, sum_dy[j]);
   }

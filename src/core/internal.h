@@ -17,6 +17,10 @@ norma_status norma__fail(norma_status st, const char *fmt, ...)
 #endif
     ;
 
+/* Sets this thread's last error to msg (exported for norma's own modules, e.g. libnorma_mpi;
+   not part of the public API). */
+NORMA_API void norma__record_error(const char *msg);
+
 /* ---- settings (settings.c, cpu.c) ------------------------------------------------------- */
 
 int norma__threads(void);     /* threads the next call may use, >= 1 */

@@ -27,3 +27,9 @@ norma_status norma__fail(norma_status st, const char *fmt, ...) {
   va_end(ap);
   return st;
 }
+
+/* For norma's own modules built as separate libraries (libnorma_mpi): record their failures
+   here too, so norma_last_error() reports every norma call.  Exported, not in norma.h. */
+NORMA_API void norma__record_error(const char *msg) {
+  snprintf(last_error, sizeof last_error, "%s", msg ? msg : "");
+}

@@ -47,7 +47,10 @@ static inline int omp_get_num_threads(void) { return 1; }
 #define SERIAL_BELOW 32768  /* tensors with fewer values run without a parallel region */
 #define NT_MIN_BYTES (8 << 20) /* outputs this large are written around the cache */
 
-enum { SUMS_NONE = 0, SUMS_STATS = 2, SUMS_BWD = 3 };
+/* what a job reduces: nothing (apply only), the statistics, or the backward's sums; either
+   reduction leaves SEG_VALUES doubles per channel and segment */
+enum { SUMS_NONE = 0, SUMS_STATS = 1, SUMS_BWD = 2 };
+#define SEG_VALUES 3
 
 typedef struct job job;
 typedef void (*finalize_fn)(job *jb, int64_t j0, int64_t nc);
@@ -62,7 +65,7 @@ struct job {
   int64_t unit;        /* fused schedule: channels per unit */
   int fused;           /* the fused schedule (else split) */
   int store;           /* BN_STORE_NT when outputs bypass the cache */
-  int nsums;           /* SUMS_* */
+  int nsums;           /* SUMS_*: the kind of reduction */
   int apply;           /* run the apply kernels after finalize */
   /* tensors */
   const void *x, *res, *y, *dy;
@@ -157,31 +160,17 @@ static int64_t rows_line(const job *jb) {
 
 /* ---- reduction of one segment ----------------------------------------------------------- */
 
-/* channels-first: segment seg = (image, chunk) of channel ch -> out[nsums] */
+/* channels-first: segment seg = (image, chunk) of channel ch -> out[SEG_VALUES] */
 static void seg_sums_cf(const job *jb, int64_t ch, int64_t seg, double *out) {
   const bn_problem *p = jb->p;
   const int64_t nch = cf_chunks(jb), n = seg / nch, s0 = (seg % nch) * CF_CHUNK;
   const int64_t len = p->s - s0 < CF_CHUNK ? p->s - s0 : CF_CHUNK;
   const int64_t e = (n * p->c + ch) * p->s + s0;
   if (jb->nsums == SUMS_STATS)
-    jb->uk->stats_run(tptr(jb, jb->x, e), len, out); /* mean, m2 */
+    jb->uk->stats_run(tptr(jb, jb->x, e), len, NULL, out); /* t1, t2, anchor */
   else
     jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len,
                          cst_at(jb, ch), p->c, p->act, out);
-}
-
-/* Chan et al.: moments (na, ma, m2a) absorb (nb, mb, m2b).  Exact in exact arithmetic; in
-   floating point it never subtracts large sums, so it keeps the two-pass accuracy. */
-static inline void merge_moments(double *na, double *ma, double *m2a, double nb, double mb,
-                                 double m2b) {
-  if (*na == 0.0) {
-    *na = nb, *ma = mb, *m2a = m2b;
-    return;
-  }
-  const double n = *na + nb, d = mb - *ma;
-  *ma += d * (nb / n);
-  *m2a += m2b + d * d * (*na * (nb / n));
-  *na = n;
 }
 
 /* values in segment seg of a channel */
@@ -194,15 +183,16 @@ static int64_t seg_count(const job *jb, int64_t seg) {
   return jb->p->s - s0 < CF_CHUNK ? jb->p->s - s0 : CF_CHUNK;
 }
 
-/* rows form: segment seg, channels [j0, j0 + nc) -> out[k * ostride + j]: the moments (mean,
-   m2) of each channel over the segment, or the nsums backward sums */
+/* rows form: segment seg, channels [j0, j0 + nc) -> out[k * ostride + j]: the statistics
+   (t1, t2 relative to the segment's anchor, the anchor), or the backward's three sums */
 static void seg_sums_rows(const job *jb, int64_t seg, int64_t j0, int64_t nc, double *out,
                           int64_t ostride) {
   const bn_problem *p = jb->p;
   const int64_t r0 = seg * CL_SEG_ROWS;
   const int64_t r1 = r0 + CL_SEG_ROWS < jb->rows ? r0 + CL_SEG_ROWS : jb->rows;
   static _Thread_local double blk[3][ROWS_CHUNK];
-  for (int k = 0; k < jb->nsums; k++)
+  static _Thread_local union { float f[ROWS_CHUNK]; double d[ROWS_CHUNK]; } anchor;
+  for (int k = 0; k < 3; k++)
     for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
   /* row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is read in order;
      a channel still sees its blocks in order, whatever the loop nest */
@@ -212,28 +202,44 @@ static void seg_sums_rows(const job *jb, int64_t seg, int64_t j0, int64_t nc, do
       const int64_t ncc = nc - jc < ROWS_CHUNK ? nc - jc : ROWS_CHUNK, ja = j0 + jc;
       const int64_t e = r * p->c + ja;
       if (jb->nsums == SUMS_STATS) {
-        jb->uk->stats_rows(tptr(jb, jb->x, e), rows, p->c, ncc, blk[0], blk[1]);
-        for (int64_t j = 0; j < ncc; j++) {
-          double n = (double)(r - r0);
-          merge_moments(&n, &out[jc + j], &out[ostride + jc + j], (double)rows, blk[0][j], blk[1][j]);
-        }
+        const int first = r == r0;
+        if (!first) /* the segment's anchors, in the compute type (exact: they came from it) */
+          for (int64_t j = 0; j < ncc; j++) {
+            if (jb->cbytes == 8) anchor.d[j] = out[2 * ostride + jc + j];
+            else anchor.f[j] = (float)out[2 * ostride + jc + j];
+          }
+        jb->uk->stats_rows(tptr(jb, jb->x, e), rows, p->c, ncc, first ? NULL : (const void *)&anchor,
+                           blk[0], blk[1], first ? &out[2 * ostride + jc] : NULL);
+        for (int k = 0; k < 2; k++)
+          for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
       } else {
         jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
                               p->c, ncc, cst_at(jb, ja), p->c, p->act, blk[0], blk[1], blk[2]);
-        for (int k = 0; k < jb->nsums; k++)
+        for (int k = 0; k < 3; k++)
           for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
       }
     }
   }
 }
 
-/* tot of channel ch absorbs a segment's result s[] (moments, or sums) of cnt values */
-static inline void absorb(job *jb, int64_t ch, const double *s, int64_t stride, double cnt) {
+/* tot of channel ch absorbs segment seg's result s[k * stride] of cnt values.  Statistics:
+   (t1, t2, anchor) re-anchored to the channel's anchor (its first segment's) and added;
+   the backward's sums: added. */
+static inline void absorb(job *jb, int64_t ch, int first, const double *s, int64_t stride,
+                          double cnt) {
   const int64_t c = jb->p->c;
-  if (jb->nsums == SUMS_STATS)
-    merge_moments(&jb->tot[2 * c + ch], &jb->tot[ch], &jb->tot[c + ch], cnt, s[0], s[stride]);
-  else
-    for (int k = 0; k < jb->nsums; k++) jb->tot[k * c + ch] += s[k * stride];
+  if (jb->nsums == SUMS_STATS) {
+    if (first) {
+      jb->tot[ch] = s[0], jb->tot[c + ch] = s[stride], jb->tot[2 * c + ch] = s[2 * stride];
+      return;
+    }
+    double t1, t2;
+    bn_stats_shift(s[2 * stride], jb->tot[2 * c + ch], s[0], s[stride], cnt, &t1, &t2);
+    jb->tot[ch] += t1;
+    jb->tot[c + ch] += t2;
+  } else {
+    for (int k = 0; k < 3; k++) jb->tot[k * c + ch] += s[k * stride];
+  }
 }
 
 /* ---- apply ------------------------------------------------------------------------------ */
@@ -312,7 +318,7 @@ static void fused_cf(job *jb, int64_t b0, int64_t b1, void *arg) {
         for (int64_t j = 0; j < nc; j++)
           for (int64_t q = 0; q < nch; q++) { /* channel j0 + j sees its segments in order */
             seg_sums_cf(jb, j0 + j, n * nch + q, s);
-            absorb(jb, j0 + j, s, 1, (double)seg_count(jb, q));
+            absorb(jb, j0 + j, n == 0 && q == 0, s, 1, (double)seg_count(jb, q));
           }
     }
     jb->finalize(jb, j0, nc);
@@ -335,7 +341,8 @@ static void fused_rows(job *jb, int64_t b0, int64_t b1, void *arg) {
         for (int64_t j = 0; j < nc; j++) jb->tot[k * c + j0 + j] = 0.0;
       for (int64_t seg = 0; seg < nseg; seg++) {
         seg_sums_rows(jb, seg, j0, nc, &s[0][0], MAX_UNIT);
-        for (int64_t j = 0; j < nc; j++) absorb(jb, j0 + j, &s[0][j], MAX_UNIT, (double)seg_count(jb, seg));
+        for (int64_t j = 0; j < nc; j++)
+          absorb(jb, j0 + j, seg == 0, &s[0][j], MAX_UNIT, (double)seg_count(jb, seg));
       }
     }
     jb->finalize(jb, j0, nc);
@@ -355,13 +362,13 @@ static void run_fused(job *jb) {
 static void split_sums_cf(job *jb, int64_t i0, int64_t i1, void *arg) {
   double *part = arg;
   const int64_t nseg = nsegments(jb);
-  for (int64_t it = i0; it < i1; it++) seg_sums_cf(jb, it / nseg, it % nseg, &part[it * jb->nsums]);
+  for (int64_t it = i0; it < i1; it++) seg_sums_cf(jb, it / nseg, it % nseg, &part[it * SEG_VALUES]);
 }
 /* split, reductions: part[seg * ns * c + k * c + j] (rows form) */
 static void split_sums_rows(job *jb, int64_t i0, int64_t i1, void *arg) {
   double *part = arg;
   const int64_t c = jb->p->c;
-  for (int64_t seg = i0; seg < i1; seg++) seg_sums_rows(jb, seg, 0, c, &part[seg * jb->nsums * c], c);
+  for (int64_t seg = i0; seg < i1; seg++) seg_sums_rows(jb, seg, 0, c, &part[seg * SEG_VALUES * c], c);
 }
 /* split, apply in memory order: image, channel, chunk */
 static void split_apply_cf(job *jb, int64_t i0, int64_t i1, void *arg) {
@@ -384,20 +391,20 @@ static void split_apply_rows(job *jb, int64_t r0, int64_t r1, void *arg) {
 
 /* Split schedule: segments in parallel into scratch, ordered sums, then a parallel apply. */
 static void run_split(job *jb, double *part) {
-  const int64_t c = jb->p->c, nseg = nsegments(jb), ns = jb->nsums;
-  if (ns) {
+  const int64_t c = jb->p->c, nseg = nsegments(jb), ns = SEG_VALUES;
+  if (jb->nsums) {
     for (int64_t j = 0; j < 3 * c; j++) jb->tot[j] = 0.0;
     if (!jb->rows_form) {
       const int64_t nch = cf_chunks(jb);
       parallel_for(jb, c * nseg, split_sums_cf, part);
       for (int64_t ch = 0; ch < c; ch++)
         for (int64_t seg = 0; seg < nseg; seg++)
-          absorb(jb, ch, &part[(ch * nseg + seg) * ns], 1, (double)seg_count(jb, seg % nch));
+          absorb(jb, ch, seg == 0, &part[(ch * nseg + seg) * ns], 1, (double)seg_count(jb, seg % nch));
     } else {
       parallel_for(jb, nseg, split_sums_rows, part);
       for (int64_t seg = 0; seg < nseg; seg++)
         for (int64_t j = 0; j < c; j++)
-          absorb(jb, j, &part[seg * ns * c + j], c, (double)seg_count(jb, seg));
+          absorb(jb, j, seg == 0, &part[seg * ns * c + j], c, (double)seg_count(jb, seg));
     }
   }
   jb->finalize(jb, 0, c);
@@ -486,7 +493,7 @@ static norma_status run(job *jb, void (*prepare)(job *)) {
   const bn_problem *p = jb->p;
   plan(jb);
   size_t part_bytes = 0;
-  if (!jb->fused) part_bytes = (size_t)nsegments(jb) * (size_t)p->c * (size_t)jb->nsums * sizeof(double);
+  if (!jb->fused) part_bytes = (size_t)nsegments(jb) * (size_t)p->c * SEG_VALUES * sizeof(double);
   void *part = NULL;
   if (!scratch_alloc(jb, part_bytes, &part))
     return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating %zu bytes of "
@@ -535,21 +542,33 @@ typedef struct fwd_ctx {
   double *mean_out, *m2_out;                 /* moments */
 } fwd_ctx;
 
-/* mean and m2 of channel ch from the merged moments */
+/* mean and m2 of channel ch: tot holds t1 = sum (x - K), t2 = sum (x - K)^2 and the anchor K */
 static void moments_of(const job *jb, int64_t ch, double *mean, double *m2) {
-  *mean = jb->tot[ch];
-  *m2 = jb->tot[jb->p->c + ch];
+  const int64_t c = jb->p->c;
+  const double m = (double)jb->p->m, t1 = jb->tot[ch], t2 = jb->tot[c + ch];
+  const double v = t2 - t1 * (t1 / m);
+  *mean = jb->tot[2 * c + ch] + t1 / m;
+  *m2 = v < 0.0 ? 0.0 : v; /* rounding can go below 0; NaN passes */
 }
 
 /* forward constants from a mean (double) and invstd: y = (x - mhi) * scale + shift, where
    mhi is the mean rounded to the compute type (x - mhi is exact on large-mean data) and the
    rounding mean - mhi moves into the shift. */
-static void set_fwd_consts(job *jb, int64_t ch, double mean, double invstd, double g, double b) {
+static void set_fwd_consts(job *jb, int64_t ch, double mean, double mean_lo, double invstd,
+                           double g, double b) {
   cst_set(jb, C_MHI, ch, mean);
-  const double mlo = mean - cst_get(jb, C_MHI, ch);
+  const double mlo = (mean - cst_get(jb, C_MHI, ch)) + mean_lo;
   const double scale = g * invstd;
   cst_set(jb, C_SCALE, ch, scale);
-  cst_set(jb, C_SHIFT, ch, b - mlo * scale);
+  cst_set(jb, C_SHIFT, ch, mlo == 0.0 ? b : b - mlo * scale); /* no 0 * Inf when var + eps == 0 */
+}
+
+/* a + b as an unevaluated sum hi + lo (Knuth's TwoSum): the mean of f64 data keeps the bits
+   below its last place, which matter when the mean is 1e8 times the spread */
+static inline void two_sum(double a, double b, double *hi, double *lo) {
+  const double s = a + b, bb = s - a;
+  *hi = s;
+  *lo = (a - (s - bb)) + (b - bb);
 }
 
 static void finalize_training(job *jb, int64_t j0, int64_t nc) {
@@ -560,20 +579,21 @@ static void finalize_training(job *jb, int64_t j0, int64_t nc) {
   const double m = (double)p->m, im = 1.0 / m, mom = cx->momentum, eps = p->eps;
   const double unbias = biased ? 1.0 : m / (m - 1.0);
   enum { CH = 64 };
-  double mean[CH], var[CH], is[CH];
+  double mean[CH], mlo[CH], var[CH], is[CH];
   for (int64_t a = j0; a < j0 + nc; a += CH) {
     const int64_t b = a + CH < j0 + nc ? a + CH : j0 + nc;
     /* 1/sqrt for a chunk of channels: a branch-free loop the compiler vectorizes.  As in
        PyTorch, var == 0 with eps == 0 gives invstd 0 (y = beta), not Inf. */
     for (int64_t ch = a; ch < b; ch++) {
-      const double v = jb->tot[c + ch] * im;
-      mean[ch - a] = jb->tot[ch];
+      const double t1 = jb->tot[ch], t2 = jb->tot[c + ch], u = (t2 - t1 * (t1 * im)) * im;
+      const double v = u < 0.0 ? 0.0 : u; /* rounding can go below 0; NaN passes */
+      two_sum(jb->tot[2 * c + ch], t1 * im, &mean[ch - a], &mlo[ch - a]);
       var[ch - a] = v;
       is[ch - a] = (v == 0.0 && eps == 0.0) ? 0.0 : 1.0 / sqrt(v + eps);
     }
     for (int64_t ch = a; ch < b; ch++) {
       const double mu = mean[ch - a], iv = is[ch - a];
-      set_fwd_consts(jb, ch, mu, iv, norma__param(p->dt, cx->gamma, ch, 1.0),
+      set_fwd_consts(jb, ch, mu, mlo[ch - a], iv, norma__param(p->dt, cx->gamma, ch, 1.0),
                      norma__param(p->dt, cx->beta, ch, 0.0));
       if (cx->save_mean) norma__param_store(p->dt, cx->save_mean, ch, mu);
       if (cx->save_invstd) norma__param_store(p->dt, cx->save_invstd, ch, iv);
@@ -603,7 +623,7 @@ static void finalize_inference(job *jb, int64_t j0, int64_t nc) {
   const fwd_ctx *cx = jb->ctx;
   const bn_problem *p = jb->p;
   for (int64_t ch = j0; ch < j0 + nc; ch++)
-    set_fwd_consts(jb, ch, norma__param(p->dt, cx->mean_in, ch, 0),
+    set_fwd_consts(jb, ch, norma__param(p->dt, cx->mean_in, ch, 0), 0.0,
                    1.0 / sqrt(norma__param(p->dt, cx->var_in, ch, 0) + p->eps),
                    norma__param(p->dt, cx->gamma, ch, 1.0), norma__param(p->dt, cx->beta, ch, 0.0));
 }
@@ -621,7 +641,7 @@ static void finalize_apply(job *jb, int64_t j0, int64_t nc) {
   const fwd_ctx *cx = jb->ctx;
   const bn_problem *p = jb->p;
   for (int64_t ch = j0; ch < j0 + nc; ch++)
-    set_fwd_consts(jb, ch, cx->mean_d[ch], cx->invstd_d[ch], norma__param(p->dt, cx->gamma, ch, 1.0),
+    set_fwd_consts(jb, ch, cx->mean_d[ch], 0.0, cx->invstd_d[ch], norma__param(p->dt, cx->gamma, ch, 1.0),
                    norma__param(p->dt, cx->beta, ch, 0.0));
 }
 
@@ -761,7 +781,7 @@ static void finalize_bwd_apply(job *jb, int64_t j0, int64_t nc) {
   const int global = (p->flags & NORMA_BN_GLOBAL_STATS) != 0;
   for (int64_t ch = j0; ch < j0 + nc; ch++) {
     const double sg = global ? 0.0 : cx->sum_dy[ch], sgx = global ? 0.0 : cx->sum_dy_xhat[ch];
-    const double s = (!global && cx->sum_xhat) ? bn_xhat_offset(cx->sum_xhat[ch], (double)cx->count) : 0.0;
+    const double s = (!global && cx->sum_xhat) ? cx->sum_xhat[ch] / (double)cx->count : 0.0;
     set_bwd_consts(jb, ch, norma__param(p->dt, cx->gamma, ch, 1.0), cx->invstd_d[ch], sg, sgx, s,
                    global ? 1.0 : (double)cx->count);
   }
@@ -782,6 +802,13 @@ static norma_status cpu_bwd_apply(const bn_problem *p, const void *x, const void
 
 /* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */
 
+/* mean and m2 of n values from sums relative to the anchor k */
+static inline void tile_moments(double k, double t1, double t2, double n, double *mean, double *m2) {
+  const double v = t2 - t1 * (t1 / n);
+  *mean = k + t1 / n;
+  *m2 = v < 0.0 ? 0.0 : v;
+}
+
 static norma_status cpu_moments_tile(norma_dtype dt, int64_t rows, int64_t channels,
                                      const void *x, int64_t row_stride, int64_t channel_stride,
                                      double *mean, double *m2) {
@@ -790,32 +817,48 @@ static norma_status cpu_moments_tile(norma_dtype dt, int64_t rows, int64_t chann
   if (!uk) uk = bn_ukernels_scalar(dt);
   const size_t es = norma__dtype_size(dt);
   if (channel_stride == 1 && row_stride >= channels) {
-    /* rows of adjacent channels: blocks of rows, merged in order */
-    static _Thread_local double bm[ROWS_CHUNK], b2[ROWS_CHUNK];
+    /* rows of adjacent channels: blocks of rows, anchored at the first block's anchors */
+    static _Thread_local double t1[ROWS_CHUNK], t2[ROWS_CHUNK], b1[ROWS_CHUNK], b2[ROWS_CHUNK],
+        kd[ROWS_CHUNK];
+    static _Thread_local union { float f[ROWS_CHUNK]; double d[ROWS_CHUNK]; } k;
     for (int64_t j0 = 0; j0 < channels; j0 += ROWS_CHUNK) {
       const int64_t nc = channels - j0 < ROWS_CHUNK ? channels - j0 : ROWS_CHUNK;
       for (int64_t r0 = 0; r0 < rows; r0 += CL_BLOCK_ROWS) {
         const int64_t n = rows - r0 < CL_BLOCK_ROWS ? rows - r0 : CL_BLOCK_ROWS;
-        uk->stats_rows((const char *)x + (size_t)(r0 * row_stride + j0) * es, n, row_stride, nc,
-                       bm, b2);
-        for (int64_t j = 0; j < nc; j++) {
-          double cnt = (double)r0;
-          merge_moments(&cnt, &mean[j0 + j], &m2[j0 + j], (double)n, bm[j], b2[j]);
+        const char *blk = (const char *)x + (size_t)(r0 * row_stride + j0) * es;
+        if (r0 == 0) {
+          uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd);
+          for (int64_t j = 0; j < nc; j++) {
+            if (dt == NORMA_F64) k.d[j] = kd[j];
+            else k.f[j] = (float)kd[j];
+          }
+        } else {
+          uk->stats_rows(blk, n, row_stride, nc, &k, b1, b2, NULL);
+          for (int64_t j = 0; j < nc; j++) t1[j] += b1[j], t2[j] += b2[j];
         }
       }
+      for (int64_t j = 0; j < nc; j++)
+        tile_moments(kd[j], t1[j], t2[j], (double)rows, &mean[j0 + j], &m2[j0 + j]);
     }
     return NORMA_OK;
   }
   if (row_stride == 1) {
-    /* each channel a contiguous run, in chunks merged in order */
+    /* each channel a contiguous run, in chunks anchored at the first chunk's anchor */
     for (int64_t j = 0; j < channels; j++) {
       const char *base = (const char *)x + (size_t)(j * channel_stride) * es;
-      double cnt = 0.0, o[2];
+      double t1 = 0.0, t2 = 0.0, kk = 0.0, o[3];
+      union { float f; double d; } k;
       for (int64_t r0 = 0; r0 < rows; r0 += CF_CHUNK) {
         const int64_t n = rows - r0 < CF_CHUNK ? rows - r0 : CF_CHUNK;
-        uk->stats_run(base + (size_t)r0 * es, n, o);
-        merge_moments(&cnt, &mean[j], &m2[j], (double)n, o[0], o[1]);
+        uk->stats_run(base + (size_t)r0 * es, n, r0 == 0 ? NULL : (const void *)&k, o);
+        if (r0 == 0) {
+          kk = o[2];
+          if (dt == NORMA_F64) k.d = kk;
+          else k.f = (float)kk;
+        }
+        t1 += o[0], t2 += o[1];
       }
+      tile_moments(kk, t1, t2, (double)rows, &mean[j], &m2[j]);
     }
     return NORMA_OK;
   }

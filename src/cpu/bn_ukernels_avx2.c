@@ -139,29 +139,42 @@ AI __m256 ldk(const float *k, int n) {
 
 /* ---- statistics ---- */
 
-AI void moments_of(double k, double s1, double s2, double len, double *mean, double *m2) {
-  const double v = s2 - s1 * (s1 / len);
-  *mean = k + s1 / len;
-  *m2 = v < 0.0 ? 0.0 : v; /* NaN passes */
-}
-
-/* the block's sum, value i in lane i % 32 */
-AI double sum_run(const void *x, int64_t len, const int dt) {
-  __m256 a[4];
+/* pass 1 of a run: sum (value i in lane i % 32), min and max */
+AI void sum_min_max_run(const void *x, int64_t len, float *sum, float *mn, float *mx, const int dt) {
+  __m256 a[4], lo = _mm256_set1_ps(__builtin_inff()), hi = _mm256_set1_ps(-__builtin_inff());
   for (int j = 0; j < 4; j++) a[j] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= len; i += 32)
-    for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(a[j], ld8(x, i + 8 * j, dt));
+    for (int j = 0; j < 4; j++) {
+      const __m256 v = ld8(x, i + 8 * j, dt);
+      a[j] = _mm256_add_ps(a[j], v);
+      lo = _mm256_min_ps(lo, v), hi = _mm256_max_ps(hi, v);
+    }
   for (int j = 0; j < 4 && i + 8 * j < len; j++) {
     const int64_t n = len - (i + 8 * j);
-    a[j] = _mm256_add_ps(a[j], n >= 8 ? ld8(x, i + 8 * j, dt) : ld_part(x, i + 8 * j, (int)n, dt));
+    if (n >= 8) {
+      const __m256 v = ld8(x, i + 8 * j, dt);
+      a[j] = _mm256_add_ps(a[j], v);
+      lo = _mm256_min_ps(lo, v), hi = _mm256_max_ps(hi, v);
+    } else {
+      const __m256 v = ld_part(x, i + 8 * j, (int)n, dt), m = lane_mask((int)n);
+      a[j] = _mm256_add_ps(a[j], v);
+      lo = _mm256_min_ps(lo, _mm256_blendv_ps(_mm256_set1_ps(__builtin_inff()), v, m));
+      hi = _mm256_max_ps(hi, _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), v, m));
+    }
   }
-  return reduce32(a[0], a[1], a[2], a[3]);
+  *sum = (float)reduce32(a[0], a[1], a[2], a[3]);
+  float l[8], h[8];
+  _mm256_storeu_ps(l, lo), _mm256_storeu_ps(h, hi);
+  *mn = l[0], *mx = h[0];
+  for (int j = 1; j < 8; j++) *mn = l[j] < *mn ? l[j] : *mn, *mx = h[j] > *mx ? h[j] : *mx;
 }
 
-AI void stats_run(const void *x, int64_t len, double out[2], const int dt) {
-  const float kf = (float)(sum_run(x, len, dt) / (double)len);
-  const __m256 k = _mm256_set1_ps(kf);
+AI void stats_run(const void *x, int64_t len, const void *kv, double out[3], const int dt) {
+  float sum, mn, mx;
+  sum_min_max_run(x, len, &sum, &mn, &mx, dt);
+  const float kbf = bn_stats_anchor_f32(sum, mn, mx, 1.0f / (float)len);
+  const __m256 k = _mm256_set1_ps(kbf);
   __m256 a[4], q[4];
   for (int j = 0; j < 4; j++) a[j] = q[j] = _mm256_setzero_ps();
   int64_t i = 0;
@@ -179,8 +192,10 @@ AI void stats_run(const void *x, int64_t len, double out[2], const int dt) {
     a[j] = _mm256_add_ps(a[j], d);
     q[j] = _mm256_fmadd_ps(d, d, q[j]);
   }
-  moments_of((double)kf, reduce32(a[0], a[1], a[2], a[3]), reduce32(q[0], q[1], q[2], q[3]),
-             (double)len, &out[0], &out[1]);
+  bn_stats_shift((double)kbf, kv ? (double)*(const float *)kv : (double)kbf,
+                 reduce32(a[0], a[1], a[2], a[3]),
+                 reduce32(q[0], q[1], q[2], q[3]), (double)len, &out[0], &out[1]);
+  out[2] = (double)kbf;
 }
 
 /* Rows kernels walk row by row, streaming through memory, with the accumulators of up to
@@ -188,24 +203,39 @@ AI void stats_run(const void *x, int64_t len, double out[2], const int dt) {
    order, as the portable kernels do. */
 #define ROWS_CHUNK 1024
 
-AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, double *o_mean,
-                   double *o_m2, const int dt) {
+AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *kv,
+                   double *o1, double *o2, double *okb, const int dt) {
+  const float *K = kv;
   float k[ROWS_CHUNK] __attribute__((aligned(32))), a[ROWS_CHUNK] __attribute__((aligned(32))),
-      q[ROWS_CHUNK] __attribute__((aligned(32)));
+      q[ROWS_CHUNK] __attribute__((aligned(32))), lo[ROWS_CHUNK] __attribute__((aligned(32))),
+      hi[ROWS_CHUNK] __attribute__((aligned(32)));
   for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
     const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK, full = jn / 8 * 8;
     const int tail = (int)(jn - full);
     const size_t bytes = sizeof(float) * (size_t)(full + 8);
     memset(k, 0, bytes), memset(a, 0, bytes), memset(q, 0, bytes);
-    /* pass 1: sums, for the provisional means */
+    for (int64_t j = 0; j < full + 8; j += 8) {
+      _mm256_store_ps(lo + j, _mm256_set1_ps(__builtin_inff()));
+      _mm256_store_ps(hi + j, _mm256_set1_ps(-__builtin_inff()));
+    }
+    /* pass 1: sums, minima, maxima, for the anchors */
     for (int64_t r = 0; r < rows; r++) {
       const int64_t e = r * ld + j0;
-      for (int64_t j = 0; j < full; j += 8)
-        _mm256_store_ps(k + j, _mm256_add_ps(_mm256_load_ps(k + j), ld8(x, e + j, dt)));
-      if (tail)
-        _mm256_store_ps(k + full, _mm256_add_ps(_mm256_load_ps(k + full), ld_part(x, e + full, tail, dt)));
+      for (int64_t j = 0; j < full; j += 8) {
+        const __m256 v = ld8(x, e + j, dt);
+        _mm256_store_ps(k + j, _mm256_add_ps(_mm256_load_ps(k + j), v));
+        _mm256_store_ps(lo + j, _mm256_min_ps(_mm256_load_ps(lo + j), v));
+        _mm256_store_ps(hi + j, _mm256_max_ps(_mm256_load_ps(hi + j), v));
+      }
+      if (tail) {
+        const __m256 v = ld_part(x, e + full, tail, dt);
+        _mm256_store_ps(k + full, _mm256_add_ps(_mm256_load_ps(k + full), v));
+        _mm256_store_ps(lo + full, _mm256_min_ps(_mm256_load_ps(lo + full), v));
+        _mm256_store_ps(hi + full, _mm256_max_ps(_mm256_load_ps(hi + full), v));
+      }
     }
-    for (int64_t j = 0; j < jn; j++) k[j] = (float)((double)k[j] / (double)rows);
+    const float inv = 1.0f / (float)rows;
+    for (int64_t j = 0; j < jn; j++) k[j] = bn_stats_anchor_f32(k[j], lo[j], hi[j], inv);
     /* pass 2, over the block while it is in cache: deviations from them */
     for (int64_t r = 0; r < rows; r++) {
       const int64_t e = r * ld + j0;
@@ -221,9 +251,12 @@ AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, double *
         _mm256_store_ps(q + full, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + full)));
       }
     }
-    for (int64_t j = 0; j < jn; j++)
-      moments_of((double)k[j], (double)a[j], (double)q[j], (double)rows, &o_mean[j0 + j],
-                 &o_m2[j0 + j]);
+    for (int64_t j = 0; j < jn; j++) {
+      bn_stats_shift((double)k[j], K ? (double)K[j0 + j] : (double)k[j], (double)a[j],
+                     (double)q[j], (double)rows,
+                     &o1[j0 + j], &o2[j0 + j]);
+      if (okb) okb[j0 + j] = (double)k[j];
+    }
   }
 }
 
@@ -411,12 +444,12 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
   }
 
 #define INSTANCE(sfx, DT)                                                                       \
-  static void stats_run_##sfx(const void *x, int64_t len, double out[2]) {                      \
-    stats_run(x, len, out, DT);                                                                 \
+  static void stats_run_##sfx(const void *x, int64_t len, const void *k, double out[3]) {       \
+    stats_run(x, len, k, out, DT);                                                              \
   }                                                                                             \
-  static void stats_rows_##sfx(const void *x, int64_t rows, int64_t ld, int64_t nc, double *o1, \
-                               double *o2) {                                                    \
-    stats_rows(x, rows, ld, nc, o1, o2, DT);                                                    \
+  static void stats_rows_##sfx(const void *x, int64_t rows, int64_t ld, int64_t nc,             \
+                               const void *k, double *o1, double *o2, double *okb) {            \
+    stats_rows(x, rows, ld, nc, k, o1, o2, okb, DT);                                            \
   }                                                                                             \
   static void fwd_run_##sfx(const void *x, const void *res, void *y, int64_t len,               \
                             const void *cst, int64_t cs, int act) {                             \

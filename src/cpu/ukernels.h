@@ -13,16 +13,22 @@
  * reduces the lanes in a fixed order; a *_rows call accumulates each channel sequentially over
  * its rows.  Sums are returned in double; the driver combines blocks in a fixed order.
  *
- * Statistics of a block are its moments (mean, m2 = sum (x - mean)^2), computed by two passes
- * over the block while it is in L1/L2: its sum gives a provisional mean k (rounded to the
- * compute type), then sums of d = x - k and d^2 give mean = k + S1/L, m2 = S2 - S1^2/L.  The
- * differences are small whatever the data's mean, so nothing cancels: one outlier, or a mean
- * 1e5 times the spread, costs no accuracy.  The driver merges blocks with Chan's formula.
+ * Statistics.  A block (a run chunk, or a block of rows) is read twice while it is in L1/L2:
+ * pass 1 gives its sum, min and max, hence an anchor kb: the block mean rounded to a multiple
+ * of a power of two q between range/32 and range/16; pass 2 sums d = x - kb and d^2 in the
+ * compute type.  |kb - mean| <= q/2 keeps the deviations as small as the block's own spread, so
+ * nothing cancels whatever the data's mean (an outlier cancels nothing either: it only widens
+ * its block's range); and the few bits of kb keep x - kb and d^2 exact on dyadic data, so
+ * symmetric "exact statistics" fills come out exact.  The block then contributes, relative to
+ * the channel's anchor K (the first block's kb), t1 = S1 + L*delta and
+ * t2 = S2 + 2*delta*S1 + L*delta^2 with delta = kb - K, in double: additive, exact on such
+ * data, and cancelling only in double.  See bn_stats_anchor().
  */
 #ifndef NORMA_UKERNELS_H
 #define NORMA_UKERNELS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -43,11 +49,13 @@ enum {
 };
 
 typedef struct bn_ukernels {
-  /* moments of a block of len >= 1 values: out[0] = mean, out[1] = m2 */
-  void (*stats_run)(const void *x, int64_t len, double out[2]);
-  /* moments of each channel over rows >= 1 rows: mean[j], m2[j], overwritten; nc <= 1024 */
-  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, double *mean,
-                     double *m2);
+  /* a block of len >= 1 values, channel anchor *k (compute type; NULL: the block's own
+     anchor): out[0] = sum (x - k), out[1] = sum (x - k)^2, out[2] = the block's anchor kb */
+  void (*stats_run)(const void *x, int64_t len, const void *k, double out[3]);
+  /* the same for each channel j < nc <= 1024 over rows >= 1 rows, anchors k[j] (or NULL):
+     o1[j], o2[j] (overwritten), okb[j] (when not NULL) */
+  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *k,
+                     double *o1, double *o2, double *okb);
   /* y = act((x - mhi) * scale + shift [+ res]) */
   void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, const void *cst,
                   int64_t cs, int act);
@@ -65,6 +73,46 @@ typedef struct bn_ukernels {
   void (*bwd_rows)(const void *v, const void *y, const void *dy, void *dx, void *dres,
                    int64_t rows, int64_t ld, int64_t nc, const void *cst, int64_t cs, int act);
 } bn_ukernels;
+
+/* The block anchor of the statistics (see above), in f32 and f64: the mean sum * inv_len
+   rounded to a multiple of q = 2^(exponent(range) - 5); the mean itself where q would be
+   finer than its precision, min for a constant block, NaN/Inf propagate. */
+static inline float bn_stats_anchor_f32(float sum, float mn, float mx, float inv_len) {
+  const float mean = sum * inv_len, range = mx - mn;
+  if (range == 0.0f) return mn;
+  uint32_t u;
+  memcpy(&u, &range, 4);
+  const uint32_t e = (u >> 23) & 0xffu;
+  if (!(range > 0.0f) || e >= 0xffu || e <= 6u) return mean;
+  float q, iq;
+  const uint32_t qb = (e - 5u) << 23, iqb = (254u - e + 5u) << 23;
+  memcpy(&q, &qb, 4), memcpy(&iq, &iqb, 4);
+  const float t = mean * iq;
+  if (!(t < 0x1p22f && t > -0x1p22f)) return mean;
+  return ((t + 0x1.8p23f) - 0x1.8p23f) * q; /* round to nearest even integer, times q */
+}
+static inline double bn_stats_anchor_f64(double sum, double mn, double mx, double inv_len) {
+  const double mean = sum * inv_len, range = mx - mn;
+  if (range == 0.0) return mn;
+  uint64_t u;
+  memcpy(&u, &range, 8);
+  const uint64_t e = (u >> 52) & 0x7ffu;
+  if (!(range > 0.0) || e >= 0x7ffu || e <= 6u) return mean;
+  double q, iq;
+  const uint64_t qb = (e - 5u) << 52, iqb = (2046u - e + 5u) << 52;
+  memcpy(&q, &qb, 8), memcpy(&iq, &iqb, 8);
+  const double t = mean * iq;
+  if (!(t < 0x1p51 && t > -0x1p51)) return mean;
+  return ((t + 0x1.8p52) - 0x1.8p52) * q;
+}
+
+/* a block's contribution relative to the channel anchor K: t1, t2 (see above) */
+static inline void bn_stats_shift(double kb, double K, double s1, double s2, double len,
+                                  double *t1, double *t2) {
+  const double delta = kb - K, ld = len * delta;
+  *t1 = s1 + ld;
+  *t2 = s2 + 2.0 * delta * s1 + ld * delta;
+}
 
 /* Tables, by dtype; NULL where an ISA has no kernel for that dtype (the driver falls back to
    the scalar table). */

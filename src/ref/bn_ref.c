@@ -17,9 +17,10 @@ static double activate(const bn_problem *p, const void *res, int64_t i, double v
   return v;
 }
 
-/* mean and biased variance of channel ch */
+/* mean (as hi + lo: the mean of f64 data needs the bits below its last place when it is 1e8
+   times the spread) and biased variance of channel ch */
 static void channel_moments(const bn_problem *p, const void *x, int64_t ch, double *mean,
-                            double *var) {
+                            double *mean_lo, double *var) {
   double s = 0.0;
   FOR_EACH_VALUE(p, ch, i) s += norma__load(p->dt, x, i);
   const double m = (double)p->m, m0 = s / m;
@@ -29,15 +30,18 @@ static void channel_moments(const bn_problem *p, const void *x, int64_t ch, doub
     d1 += v;
     d2 += v * v;
   }
-  *mean = m0 + d1 / m;
+  const double b = d1 / m, hi = m0 + b, bb = hi - m0; /* TwoSum */
+  *mean = hi;
+  *mean_lo = (m0 - (hi - bb)) + (b - bb);
   double v = (d2 - d1 * d1 / m) / m;
   *var = v > 0.0 ? v : (v != v ? v : 0.0);
 }
 
 static void normalize_channel(const bn_problem *p, const void *x, const void *res, int64_t ch,
-                              double mean, double invstd, double g, double b, void *y) {
+                              double mean, double mean_lo, double invstd, double g, double b,
+                              void *y) {
   FOR_EACH_VALUE(p, ch, i) {
-    double v = (norma__load(p->dt, x, i) - mean) * invstd * g + b;
+    double v = ((norma__load(p->dt, x, i) - mean) - mean_lo) * invstd * g + b;
     norma__store(p->dt, y, i, activate(p, res, i, v));
   }
 }
@@ -48,11 +52,11 @@ static norma_status ref_fwd_training(const bn_problem *p, const void *x, const v
                                      void *running_var, double momentum) {
   const int biased = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
   for (int64_t ch = 0; ch < p->c; ch++) {
-    double mean, var;
-    channel_moments(p, x, ch, &mean, &var);
+    double mean, mlo, var;
+    channel_moments(p, x, ch, &mean, &mlo, &var);
     /* PyTorch's rule: var == 0 with eps == 0 gives invstd 0 (y = beta), not Inf */
     double is = (var == 0.0 && p->eps == 0.0) ? 0.0 : 1.0 / sqrt(var + p->eps);
-    normalize_channel(p, x, res, ch, mean, is, norma__param(p->dt, gamma, ch, 1.0),
+    normalize_channel(p, x, res, ch, mean, mlo, is, norma__param(p->dt, gamma, ch, 1.0),
                       norma__param(p->dt, beta, ch, 0.0), y);
     if (save_mean) norma__param_store(p->dt, save_mean, ch, mean);
     if (save_invstd) norma__param_store(p->dt, save_invstd, ch, is);
@@ -73,7 +77,7 @@ static norma_status ref_fwd_inference(const bn_problem *p, const void *x, const 
                                       const void *var, void *y) {
   for (int64_t ch = 0; ch < p->c; ch++) {
     double is = 1.0 / sqrt(norma__param(p->dt, var, ch, 0) + p->eps);
-    normalize_channel(p, x, res, ch, norma__param(p->dt, mean, ch, 0), is,
+    normalize_channel(p, x, res, ch, norma__param(p->dt, mean, ch, 0), 0.0, is,
                       norma__param(p->dt, gamma, ch, 1.0), norma__param(p->dt, beta, ch, 0.0), y);
   }
   return NORMA_OK;
@@ -81,8 +85,8 @@ static norma_status ref_fwd_inference(const bn_problem *p, const void *x, const 
 
 static norma_status ref_moments(const bn_problem *p, const void *x, double *mean, double *m2) {
   for (int64_t ch = 0; ch < p->c; ch++) {
-    double v;
-    channel_moments(p, x, ch, &mean[ch], &v);
+    double v, lo;
+    channel_moments(p, x, ch, &mean[ch], &lo, &v);
     m2[ch] = v * (double)p->m;
   }
   return NORMA_OK;
@@ -92,7 +96,7 @@ static norma_status ref_fwd_apply(const bn_problem *p, const void *x, const void
                                   const void *gamma, const void *beta, const double *mean,
                                   const double *invstd, void *y) {
   for (int64_t ch = 0; ch < p->c; ch++)
-    normalize_channel(p, x, res, ch, mean[ch], invstd[ch], norma__param(p->dt, gamma, ch, 1.0),
+    normalize_channel(p, x, res, ch, mean[ch], 0.0, invstd[ch], norma__param(p->dt, gamma, ch, 1.0),
                       norma__param(p->dt, beta, ch, 0.0), y);
   return NORMA_OK;
 }
@@ -184,7 +188,7 @@ static norma_status ref_bwd_apply(const bn_problem *p, const void *x, const void
   const int global = (p->flags & NORMA_BN_GLOBAL_STATS) != 0;
   for (int64_t ch = 0; ch < p->c; ch++) {
     double sg = global ? 0.0 : sum_dy[ch], sgx = global ? 0.0 : sum_dy_xhat[ch];
-    double s = (!global && sum_xhat) ? bn_xhat_offset(sum_xhat[ch], (double)count) : 0.0;
+    double s = (!global && sum_xhat) ? sum_xhat[ch] / (double)count : 0.0;
     channel_dx(p, x, y, dy, ch, mean[ch], invstd[ch], norma__param(p->dt, gamma, ch, 1.0),
                norma__param(p->dt, beta, ch, 0.0), sg, sgx - s * sg, s,
                global ? 1.0 : (double)count, dx, dres);

@@ -1,0 +1,155 @@
+/* test_determinism.c - bitwise identical results for 1, 2, 3 and 4 threads on one ISA path
+ * (ctest runs it with NORMA_MAX_ISA=scalar and =avx2): training forward (y, save_mean,
+ * save_invstd, running statistics), inference, backward (x given and x NULL, dx, dresidual,
+ * dgamma, dbeta) and the split API (moments, forward_apply, backward_reduce, backward_apply),
+ * every dtype, both layouts, on shapes with few channels and long reductions as well as many
+ * channels.  A second run at one thread count must also repeat itself exactly.
+ */
+#include "test_util.h"
+
+#define EXPECT_OK(st, what)                                                                    \
+  TU_CHECK((st) == NORMA_OK, "[%s] %s returned %s: %s", tu_ctx, what, norma_status_string(st), \
+           norma_last_error())
+
+enum { O_Y, O_SM, O_SI, O_RM, O_RV, O_YI, O_DX, O_DR, O_DG, O_DB, O_DX2, O_DG2,
+       O_CNT, O_MEAN, O_M2, O_YA, O_SDY, O_SDX, O_SX, O_DXA, O_N };
+static const char *ONAMES[O_N] = {"y", "save_mean", "save_invstd", "running_mean", "running_var",
+                                  "inference y", "dx", "dresidual", "dgamma", "dbeta",
+                                  "dx (x NULL)", "dgamma (x NULL)", "moments count",
+                                  "moments mean", "moments m2", "forward_apply y", "sum_dy",
+                                  "sum_dy_xhat", "sum_xhat", "backward_apply dx"};
+
+typedef struct outs {
+  void *p[O_N];
+  size_t bytes[O_N];
+} outs;
+
+static void run_all(const norma_bn_desc *d, const void *x, const void *res, const void *dy,
+                    const void *gamma, const void *beta, const void *rm0, const void *rv0,
+                    outs *o) {
+  const int64_t total = d->n * d->c * d->spatial, c = d->c;
+  const size_t tb = total * tu_esize(d->dtype), pb = c * tu_psize(d->dtype), db = c * 8;
+  const size_t sizes[O_N] = {tb, pb, pb, pb, pb, tb, tb, tb, pb, pb, tb, pb,
+                             c * 8, db, db, tb, db, db, db, tb};
+  for (int i = 0; i < O_N; i++) {
+    o->bytes[i] = sizes[i];
+    o->p[i] = tu_poisoned(sizes[i]);
+  }
+  memcpy(o->p[O_RM], rm0, pb);
+  memcpy(o->p[O_RV], rv0, pb);
+  const int act = (d->flags & NORMA_BN_ADD_RELU) ? 2 : (d->flags & NORMA_BN_RELU) ? 1 : 0;
+  norma_status st;
+  st = norma_bn_forward_training(d, x, res, gamma, beta, o->p[O_Y], o->p[O_SM], o->p[O_SI],
+                                 o->p[O_RM], o->p[O_RV], 0.25);
+  EXPECT_OK(st, "forward_training");
+  st = norma_bn_forward_inference(d, x, res, gamma, beta, rm0, rv0, o->p[O_YI]);
+  EXPECT_OK(st, "forward_inference");
+  st = norma_bn_backward(d, x, o->p[O_Y], dy, gamma, beta, o->p[O_SM], o->p[O_SI], o->p[O_DX],
+                         o->p[O_DR], o->p[O_DG], o->p[O_DB]);
+  EXPECT_OK(st, "backward");
+  if (!act) {
+    st = norma_bn_backward(d, NULL, o->p[O_Y], dy, gamma, beta, o->p[O_SM], o->p[O_SI],
+                           o->p[O_DX2], NULL, o->p[O_DG2], NULL);
+    EXPECT_OK(st, "backward (x NULL)");
+  }
+  st = norma_bn_moments(d, x, o->p[O_CNT], o->p[O_MEAN], o->p[O_M2]);
+  EXPECT_OK(st, "moments");
+  double *mean = o->p[O_MEAN], *m2 = o->p[O_M2], *inv = tu_alloc(db);
+  for (int64_t j = 0; j < c; j++) inv[j] = 1.0 / sqrt(m2[j] / (double)(d->n * d->spatial) + d->eps);
+  st = norma_bn_forward_apply(d, x, res, gamma, beta, mean, inv, o->p[O_YA]);
+  EXPECT_OK(st, "forward_apply");
+  st = norma_bn_backward_reduce(d, x, o->p[O_YA], dy, gamma, beta, mean, inv, o->p[O_SDY],
+                                o->p[O_SDX], o->p[O_SX]);
+  EXPECT_OK(st, "backward_reduce");
+  st = norma_bn_backward_apply(d, x, o->p[O_YA], dy, gamma, beta, mean, inv, o->p[O_SDY],
+                               o->p[O_SDX], o->p[O_SX], d->n * d->spatial, o->p[O_DXA], NULL);
+  EXPECT_OK(st, "backward_apply");
+  free(inv);
+}
+
+static void free_outs(outs *o) {
+  for (int i = 0; i < O_N; i++) free(o->p[i]);
+}
+
+static int multi[3], sched[3][2]; /* per op: cases with >= 2 threads; by schedule */
+
+static void det_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dtype dt,
+                     unsigned flags, uint64_t seed) {
+  const int64_t total = n * c * s;
+  const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
+  tu_set_ctx("determinism n=%lld c=%lld s=%lld %s %s flags 0x%x", (long long)n, (long long)c,
+             (long long)s, tu_dt_name(dt), tu_layout_name(lay), flags);
+  tu_rng r = tu_rng_make(seed);
+  void *x = tu_alloc(tb), *res = tu_alloc(tb), *dy = tu_alloc(tb), *gamma = tu_alloc(pb),
+       *beta = tu_alloc(pb), *rm0 = tu_alloc(pb), *rv0 = tu_alloc(pb);
+  double *mu = tu_alloc(c * 8), *sd = tu_alloc(c * 8);
+  for (int64_t j = 0; j < c; j++) mu[j] = tu_uniform(&r, -50, 50), sd[j] = tu_uniform(&r, 0.1, 3);
+  tu_fill_channels(dt, lay, x, n, c, s, mu, sd, &r);
+  tu_fill_uniform(dt, res, total, &r, -1, 1);
+  tu_fill_uniform(dt, dy, total, &r, -1, 1.2);
+  tu_fill_param(dt, gamma, c, &r, 0.5, 1.5);
+  tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
+  tu_fill_param(dt, rm0, c, &r, -1, 1);
+  tu_fill_param(dt, rv0, c, &r, 0.5, 2);
+  norma_bn_desc d = {n, c, s, lay, dt, 1e-5, flags};
+  /* the plans at 4 threads: the test is only worth something where threads share the work */
+  norma_set_num_threads(4);
+  for (int op = 0; op < 3; op++) {
+    norma_bn_plan p;
+    if (norma_bn_query_plan(&d, (norma_bn_op)op, &p) != NORMA_OK) {
+      TU_CHECK(0, "[%s] query_plan failed: %s", tu_ctx, norma_last_error());
+      continue;
+    }
+    if (p.threads >= 2) multi[op]++;
+    sched[op][p.fused ? 1 : 0]++;
+    if (getenv("NORMA_TEST_VERBOSE"))
+      printf("  %s op %d: threads %d fused %d unit %lld dram_passes %d streaming %d\n", tu_ctx, op,
+             p.threads, p.fused, (long long)p.unit, p.dram_passes, p.streaming_stores);
+  }
+  outs base;
+  norma_set_num_threads(1);
+  run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &base);
+  static const int threads[] = {2, 3, 4, 1};
+  for (int ti = 0; ti < 4; ti++) {
+    norma_set_num_threads(threads[ti]);
+    outs o;
+    run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &o);
+    int bad = 0;
+    for (int i = 0; i < O_N; i++)
+      if (memcmp(o.p[i], base.p[i], o.bytes[i]) != 0) {
+        bad++;
+        TU_CHECK(0, "[%s] %s differs between 1 and %d threads", tu_ctx, ONAMES[i], threads[ti]);
+      }
+    if (!bad) tu_passed++;
+    free_outs(&o);
+  }
+  norma_set_num_threads(0);
+  free_outs(&base);
+  free(x), free(res), free(dy), free(gamma), free(beta), free(rm0), free(rv0), free(mu), free(sd);
+}
+
+int main(void) {
+  const int quick = tu_quick();
+  printf("test_determinism: ISA %s\n", norma_isa_name(norma_get_isa()));
+  norma_set_use_reference(0);
+  typedef struct { int64_t n, c, s; } shape;
+  static const shape full[] = {{2, 1, 100000}, {2, 3, 100000}, {8, 300, 196}, {128, 1000, 1},
+                               {5, 17, 3001}, {1, 2, 262147}};
+  static const shape small[] = {{2, 1, 100000}, {2, 3, 30001}, {4, 300, 49}, {64, 257, 1}};
+  const shape *shapes = quick ? small : full;
+  const int ns = quick ? 4 : 6;
+  static const unsigned flag_list[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU};
+  int k = 0;
+  for (int si = 0; si < ns; si++)
+    for (int t = 0; t < 4; t++)
+      for (int l = 0; l < 2; l++, k++)
+        det_case(shapes[si].n, shapes[si].c, shapes[si].s, (norma_layout)l, (norma_dtype)t,
+                 flag_list[k % 3], 4242 + k);
+  static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
+  for (int op = 0; op < 3; op++) {
+    printf("test_determinism: %s: %d cases on >= 2 threads; schedules: %d split, %d fused\n",
+           opn[op], multi[op], sched[op][0], sched[op][1]);
+    TU_CHECK(multi[op] > 0, "%s never ran on more than one thread: the test proves nothing", opn[op]);
+  }
+  return tu_finish("test_determinism");
+}
