@@ -249,8 +249,9 @@ typedef struct norma_bn_plan {
   int reference;        /* 1 when norma_set_use_reference(1) routes calls to the reference */
 } norma_bn_plan;
 
-/* Fills *plan for op on d (checked like the op's descriptor; flags are taken into account).
-   Errors: NORMA_ERR_INVALID_ARGUMENT. */
+/* Fills *plan for op on d.  d is checked as the op checks it (training needs n * spatial >= 2;
+   the backward too, unless NORMA_BN_GLOBAL_STATS); flags are taken into account.
+   Errors: NORMA_ERR_INVALID_ARGUMENT (plan untouched). */
 NORMA_API norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op op,
                                            norma_bn_plan *plan);
 

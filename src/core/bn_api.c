@@ -159,7 +159,9 @@ norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op op, norma_b
       op != NORMA_BN_OP_BACKWARD)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: op is not a norma_bn_op (got %d)", fn,
                        (int)op);
-  TRY(bn_check_desc(fn, d, 1, 0, &p));
+  const int training = op == NORMA_BN_OP_FORWARD_TRAINING ||
+                       (op == NORMA_BN_OP_BACKWARD && !(d && (d->flags & NORMA_BN_GLOBAL_STATS)));
+  TRY(bn_check_desc(fn, d, 1, training, &p));
   TRY(bn_require(fn, "plan", plan));
   if (norma__use_reference()) {
     /* the reference reads per channel: sums, deviations, normalize (backward: sums, dx) */

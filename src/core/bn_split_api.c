@@ -78,7 +78,9 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
                    __builtin_mul_overflow(channels - 1, channel_stride, &t2) ||
                    __builtin_add_overflow(t1, t2, &last) ||
                    (uint64_t)last > (uint64_t)PTRDIFF_MAX / 8))
-    return norma__fail(bad, "%s: tile extent overflows", fn);
+    return norma__fail(bad, "%s: the tile extent overflows (rows = %lld, row_stride = %lld, "
+                       "channels = %lld, channel_stride = %lld)", fn, (long long)rows,
+                       (long long)row_stride, (long long)channels, (long long)channel_stride);
   if (rows > 0) TRY(bn_require(fn, "x", x));
   TRY(bn_require(fn, "count", count));
   TRY(bn_require(fn, "mean", mean));
