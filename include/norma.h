@@ -240,7 +240,8 @@ typedef enum norma_bn_op {
 typedef struct norma_bn_plan {
   int dram_passes;      /* times the input tensors are read from memory: 1 (the floor: a
                            block is reduced and applied while it is in cache) or 2 (the
-                           reductions, then the apply) */
+                           reductions, then the apply); the reference kernels' training
+                           forward reads 3 times (sums, deviations, normalization) */
   int fused;            /* 1: threads own blocks of channels end to end; 0: split schedule */
   int64_t unit;         /* channels per block in the fused schedule, 0 otherwise */
   int threads;          /* threads the call uses (1 for tensors too small to share) */
@@ -261,7 +262,8 @@ NORMA_API norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op o
 
 /* scale = gamma / sqrt(var + eps), shift = beta - mean * scale (computed in double);
    gamma/beta NULL mean 1 and 0.  mean, var, scale, shift: [c], required.  scale/shift may alias
-   any input.  c >= 1, eps >= 0.  var + eps must be > 0 in every channel. */
+   an input exactly (not each other, no partial overlap).  c >= 1, eps >= 0.  var + eps must be
+   > 0 in every channel. */
 NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float *beta,
     const float *mean, const float *var, double eps, float *scale, float *shift);
 

@@ -4,10 +4,11 @@
 
 #include "check.h"
 
-static norma_status check_fold(const char *fn, int64_t c, const float *mean, const float *var,
-                               double eps) {
+static norma_status check_fold(const char *fn, const char *cname, int64_t c, const float *mean,
+                               const float *var, double eps) {
   if (c <= 0)
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c must be > 0 (got %lld)", fn, (long long)c);
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: %s must be > 0 (got %lld)", fn, cname,
+                       (long long)c);
   if (!(eps >= 0.0) || !isfinite(eps))
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: eps must be finite and >= 0 (got %g)", fn, eps);
   norma_status st;
@@ -23,10 +24,17 @@ norma_status norma_bn_fold(int64_t c, const float *gamma, const float *beta, con
                            const float *var, double eps, float *scale, float *shift) {
   static const char fn[] = "norma_bn_fold";
   norma_status st;
-  if ((st = check_fold(fn, c, mean, var, eps))) return st;
+  if ((st = check_fold(fn, "c", c, mean, var, eps))) return st;
   if ((st = bn_require(fn, "scale", scale)) || (st = bn_require(fn, "shift", shift))) return st;
-  if (scale == shift)
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: scale and shift must be different arrays", fn);
+  /* scale / shift may alias an input exactly (each channel is read before it is written), but
+     not each other, nor overlap anything partially */
+  const size_t cb = (size_t)c * sizeof(float);
+  const bn_region r[] = {
+      {"scale", scale, cb, REGION_TENSOR_OUT}, {"shift", shift, cb, REGION_TENSOR_OUT},
+      {"gamma", gamma, cb, REGION_TENSOR_IN},  {"beta", beta, cb, REGION_TENSOR_IN},
+      {"mean", mean, cb, REGION_TENSOR_IN},    {"var", var, cb, REGION_TENSOR_IN},
+  };
+  if ((st = bn_check_overlaps(fn, r, 6))) return st;
   /* scale/shift may alias inputs: read channel j completely before writing it */
   for (int64_t j = 0; j < c; j++) {
     double g = gamma ? gamma[j] : 1.0, b = beta ? beta[j] : 0.0;
@@ -43,7 +51,7 @@ norma_status norma_bn_fold_into_weights(int64_t c_out, int64_t per_out, float *w
                                         const float *mean, const float *var, double eps) {
   static const char fn[] = "norma_bn_fold_into_weights";
   norma_status st;
-  if ((st = check_fold(fn, c_out, mean, var, eps))) return st;
+  if ((st = check_fold(fn, "c_out", c_out, mean, var, eps))) return st;
   int64_t total;
   if (per_out <= 0)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: per_out must be > 0 (got %lld)", fn,
