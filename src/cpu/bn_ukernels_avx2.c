@@ -206,9 +206,10 @@ AI void stats_run(const void *x, int64_t len, const void *kv, double out[3], con
 AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *kv,
                    double *o1, double *o2, double *okb, const int dt) {
   const float *K = kv;
-  float k[ROWS_CHUNK] __attribute__((aligned(32))), a[ROWS_CHUNK] __attribute__((aligned(32))),
-      q[ROWS_CHUNK] __attribute__((aligned(32))), lo[ROWS_CHUNK] __attribute__((aligned(32))),
-      hi[ROWS_CHUNK] __attribute__((aligned(32)));
+  /* one vector of slack: the tail group is padded to a whole vector */
+  float k[ROWS_CHUNK + 8] __attribute__((aligned(32))), a[ROWS_CHUNK + 8] __attribute__((aligned(32))),
+      q[ROWS_CHUNK + 8] __attribute__((aligned(32))), lo[ROWS_CHUNK + 8] __attribute__((aligned(32))),
+      hi[ROWS_CHUNK + 8] __attribute__((aligned(32)));
   for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
     const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK, full = jn / 8 * 8;
     const int tail = (int)(jn - full);
@@ -343,8 +344,8 @@ AI void bwd_sums_rows(const void *v, const void *y, const void *dy, int64_t rows
                       double *o3, const int dt) {
   const float *c = cv;
   act &= BN_ACT_MASK;
-  float s1[ROWS_CHUNK] __attribute__((aligned(32))), s2[ROWS_CHUNK] __attribute__((aligned(32))),
-      s3[ROWS_CHUNK] __attribute__((aligned(32)));
+  float s1[ROWS_CHUNK + 8] __attribute__((aligned(32))), s2[ROWS_CHUNK + 8] __attribute__((aligned(32))),
+      s3[ROWS_CHUNK + 8] __attribute__((aligned(32)));
   for (int64_t j0 = 0; j0 < nc; j0 += ROWS_CHUNK) {
     const int64_t jn = nc - j0 < ROWS_CHUNK ? nc - j0 : ROWS_CHUNK;
     memset(s1, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));

@@ -617,7 +617,7 @@ static void plan_sanity(void) {
               if (!TU_CHECK(st == NORMA_OK, "[%s] returned %s: %s", tu_ctx,
                             norma_status_string(st), norma_last_error()))
                 continue;
-              int ok = (p.dram_passes == 1 || p.dram_passes == 2) &&
+              int ok = p.dram_passes >= 1 && p.dram_passes <= (ref ? 3 : 2) &&
                        (p.fused == 0 || p.fused == 1) &&
                        (p.fused ? p.unit >= 1 && p.unit <= d.c : p.unit == 0) &&
                        p.threads >= 1 && p.threads <= th &&
