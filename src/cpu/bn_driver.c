@@ -2,24 +2,24 @@
  * dispatch to the micro-kernels of the best ISA (ukernels.h).
  *
  * Every operation is "reduce, then apply" per channel:
- *   forward training: sums of (x - k) and (x - k)^2 (k: the channel's first value, so that
- *                     large-mean data lose nothing), then y = (x - mean) * scale + shift;
- *   backward:         sums of g, g * x_hat, x_hat, then dx = a * g + b * x_hat + c;
+ *   forward training: the anchored sums of each block (ukernels.h: a block is read twice in
+ *                     cache, so nothing cancels), then y = (x - mean) * scale + shift;
+ *   backward:         sums of g, g * x_hat, x_hat, then dx = a * (g - gm) + b * x_hat + c;
  *   inference and the split API's apply steps: apply only; moments / backward_reduce: reduce only.
  *
  * Determinism: the reduction of a channel is cut into segments fixed by the shape alone
  * (channels-first: runs of up to CF_CHUNK values of one image; channels-last: CL_SEG_ROWS rows,
- * themselves summed in blocks of CL_BLOCK_ROWS rows).  A segment's sums are computed in the
- * compute type by one micro-kernel call (or a fixed sequence of them), converted to double,
- * and the segments are added in index order.  Which thread computes a segment never changes
- * what is computed, so results are bitwise identical for any thread count.
+ * themselves made of blocks of CL_BLOCK_ROWS rows).  A segment's result is computed by a fixed
+ * sequence of micro-kernel calls and combined with the others in index order.  Which thread
+ * computes a segment never changes what is computed, so results are bitwise identical for any
+ * thread count, and between the two schedules.
  *
  * Two schedules, same arithmetic:
- *   fused (A):  threads take whole channels (channels-first) or blocks of adjacent channels
- *               (channels-last); each reduces its channels, finalizes them, and applies them
- *               while the data is still in cache: one DRAM read when the block fits.
- *   split (B):  for few channels: threads take segments; partial sums go to scratch, are added
- *               in order, then every thread applies a share of the tensor.
+ *   fused:  threads take units of adjacent channels; each reduces its unit, finalizes it and
+ *           applies it while the data is still in cache: one DRAM read when the unit fits.
+ *   split:  threads take segments; partial results go to scratch, are combined in order, then
+ *           every thread applies a contiguous share of the tensor.  For few channels, and for
+ *           channels-last tensors whose units would not fit.
  */
 #include <math.h>
 #include <pthread.h>
@@ -249,7 +249,7 @@ static void apply_cf(const job *jb, int64_t ch, int64_t seg) {
   const int64_t nch = cf_chunks(jb), n = seg / nch, s0 = (seg % nch) * CF_CHUNK;
   const int64_t len = p->s - s0 < CF_CHUNK ? p->s - s0 : CF_CHUNK;
   const int64_t e = (n * p->c + ch) * p->s + s0;
-  if (jb->nsums == SUMS_BWD || jb->dy)
+  if (jb->dy)
     jb->uk->bwd_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                     tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, cst_at(jb, ch), p->c,
                     p->act | jb->store);
