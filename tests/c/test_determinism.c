@@ -3,8 +3,12 @@
  * save_invstd, running statistics), inference, backward (x given and x NULL, dx, dresidual,
  * dgamma, dbeta) and the split API (moments, forward_apply, backward_reduce, backward_apply),
  * every dtype, both layouts, on shapes with few channels and long reductions as well as many
- * channels.  A second run at one thread count must also repeat itself exactly.
+ * channels.  A second run at one thread count must also repeat itself exactly.  Also: calls
+ * made concurrently from four application threads on disjoint data give the results of the
+ * same calls made one after the other.
  */
+#include <pthread.h>
+
 #include "test_util.h"
 
 #define EXPECT_OK(st, what)                                                                    \
@@ -24,9 +28,12 @@ typedef struct outs {
   size_t bytes[O_N];
 } outs;
 
-static void run_all(const norma_bn_desc *d, const void *x, const void *res, const void *dy,
-                    const void *gamma, const void *beta, const void *rm0, const void *rv0,
-                    outs *o) {
+/* Runs every operation into freshly poisoned outputs; returns the number of calls that did not
+   return NORMA_OK (no TU_CHECK here: it also runs on several threads at once). */
+static int run_all(const norma_bn_desc *d, const void *x, const void *res, const void *dy,
+                   const void *gamma, const void *beta, const void *rm0, const void *rv0,
+                   outs *o) {
+  int bad = 0;
   const int64_t total = d->n * d->c * d->spatial, c = d->c;
   const size_t tb = total * tu_esize(d->dtype), pb = c * tu_psize(d->dtype), db = c * 8;
   const size_t sizes[O_N] = {tb, pb, pb, pb, pb, tb, tb, tb, pb, pb, tb, pb,
@@ -41,30 +48,31 @@ static void run_all(const norma_bn_desc *d, const void *x, const void *res, cons
   norma_status st;
   st = norma_bn_forward_training(d, x, res, gamma, beta, o->p[O_Y], o->p[O_SM], o->p[O_SI],
                                  o->p[O_RM], o->p[O_RV], 0.25);
-  EXPECT_OK(st, "forward_training");
+  bad += st != NORMA_OK;
   st = norma_bn_forward_inference(d, x, res, gamma, beta, rm0, rv0, o->p[O_YI]);
-  EXPECT_OK(st, "forward_inference");
+  bad += st != NORMA_OK;
   st = norma_bn_backward(d, x, o->p[O_Y], dy, gamma, beta, o->p[O_SM], o->p[O_SI], o->p[O_DX],
                          o->p[O_DR], o->p[O_DG], o->p[O_DB]);
-  EXPECT_OK(st, "backward");
+  bad += st != NORMA_OK;
   if (!act) {
     st = norma_bn_backward(d, NULL, o->p[O_Y], dy, gamma, beta, o->p[O_SM], o->p[O_SI],
                            o->p[O_DX2], NULL, o->p[O_DG2], NULL);
-    EXPECT_OK(st, "backward (x NULL)");
+    bad += st != NORMA_OK;
   }
   st = norma_bn_moments(d, x, o->p[O_CNT], o->p[O_MEAN], o->p[O_M2]);
-  EXPECT_OK(st, "moments");
+  bad += st != NORMA_OK;
   double *mean = o->p[O_MEAN], *m2 = o->p[O_M2], *inv = tu_alloc(db);
   for (int64_t j = 0; j < c; j++) inv[j] = 1.0 / sqrt(m2[j] / (double)(d->n * d->spatial) + d->eps);
   st = norma_bn_forward_apply(d, x, res, gamma, beta, mean, inv, o->p[O_YA]);
-  EXPECT_OK(st, "forward_apply");
+  bad += st != NORMA_OK;
   st = norma_bn_backward_reduce(d, x, o->p[O_YA], dy, gamma, beta, mean, inv, o->p[O_SDY],
                                 o->p[O_SDX], o->p[O_SX]);
-  EXPECT_OK(st, "backward_reduce");
+  bad += st != NORMA_OK;
   st = norma_bn_backward_apply(d, x, o->p[O_YA], dy, gamma, beta, mean, inv, o->p[O_SDY],
                                o->p[O_SDX], o->p[O_SX], d->n * d->spatial, o->p[O_DXA], NULL);
-  EXPECT_OK(st, "backward_apply");
+  bad += st != NORMA_OK;
   free(inv);
+  return bad;
 }
 
 static void free_outs(outs *o) {
@@ -108,12 +116,14 @@ static void det_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dt
   }
   outs base;
   norma_set_num_threads(1);
-  run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &base);
+  TU_CHECK(run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &base) == 0, "[%s] a call failed: %s",
+           tu_ctx, norma_last_error());
   static const int threads[] = {2, 3, 4, 1};
   for (int ti = 0; ti < 4; ti++) {
     norma_set_num_threads(threads[ti]);
     outs o;
-    run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &o);
+    TU_CHECK(run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &o) == 0, "[%s] a call failed: %s",
+             tu_ctx, norma_last_error());
     int bad = 0;
     for (int i = 0; i < O_N; i++)
       if (memcmp(o.p[i], base.p[i], o.bytes[i]) != 0) {
@@ -126,6 +136,71 @@ static void det_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dt
   norma_set_num_threads(0);
   free_outs(&base);
   free(x), free(res), free(dy), free(gamma), free(beta), free(rm0), free(rv0), free(mu), free(sd);
+}
+
+/* ---- concurrent calls from several application threads, on disjoint data ---- */
+typedef struct job {
+  norma_bn_desc d;
+  void *x, *res, *dy, *gamma, *beta, *rm0, *rv0;
+  outs seq, conc[3];
+  int bad;
+} job;
+
+static void *worker(void *arg) {
+  job *j = arg;
+  for (int rep = 0; rep < 3; rep++)
+    j->bad += run_all(&j->d, j->x, j->res, j->dy, j->gamma, j->beta, j->rm0, j->rv0, &j->conc[rep]);
+  return NULL;
+}
+
+static void test_concurrent(void) {
+  enum { NJ = 4 };
+  job jobs[NJ];
+  for (int k = 0; k < NJ; k++) {
+    job *j = &jobs[k];
+    const int64_t n = 3, c = 37 + 30 * k, s = 401;
+    const norma_dtype dt = (norma_dtype)k;
+    const size_t tb = n * c * s * tu_esize(dt), pb = c * tu_psize(dt);
+    j->d = (norma_bn_desc){n, c, s, (norma_layout)(k % 2), dt, 1e-5, k == 2 ? NORMA_BN_ADD_RELU : 0u};
+    tu_rng r = tu_rng_make(77 + k);
+    j->x = tu_alloc(tb), j->res = tu_alloc(tb), j->dy = tu_alloc(tb);
+    j->gamma = tu_alloc(pb), j->beta = tu_alloc(pb), j->rm0 = tu_alloc(pb), j->rv0 = tu_alloc(pb);
+    tu_fill_uniform(dt, j->x, n * c * s, &r, -3, 5);
+    tu_fill_uniform(dt, j->res, n * c * s, &r, -1, 1);
+    tu_fill_uniform(dt, j->dy, n * c * s, &r, -1, 1);
+    tu_fill_param(dt, j->gamma, c, &r, 0.5, 1.5);
+    tu_fill_param(dt, j->beta, c, &r, -1, 1);
+    tu_fill_param(dt, j->rm0, c, &r, -1, 1);
+    tu_fill_param(dt, j->rv0, c, &r, 0.5, 2);
+    j->bad = 0;
+  }
+  norma_set_num_threads(2);
+  for (int k = 0; k < NJ; k++) {
+    job *j = &jobs[k];
+    j->bad += run_all(&j->d, j->x, j->res, j->dy, j->gamma, j->beta, j->rm0, j->rv0, &j->seq);
+  }
+  pthread_t th[NJ];
+  for (int k = 0; k < NJ; k++)
+    TU_CHECK(pthread_create(&th[k], NULL, worker, &jobs[k]) == 0, "pthread_create");
+  for (int k = 0; k < NJ; k++) pthread_join(th[k], NULL);
+  norma_set_num_threads(0);
+  for (int k = 0; k < NJ; k++) {
+    job *j = &jobs[k];
+    tu_set_ctx("concurrent calls: job %d (%s %s)", k, tu_dt_name(j->d.dtype), tu_layout_name(j->d.layout));
+    TU_CHECK(j->bad == 0, "[%s] %d calls failed", tu_ctx, j->bad);
+    for (int rep = 0; rep < 3; rep++) {
+      int diff = 0;
+      for (int i = 0; i < O_N; i++)
+        if (memcmp(j->conc[rep].p[i], j->seq.p[i], j->seq.bytes[i]) != 0) {
+          diff++;
+          TU_CHECK(0, "[%s] %s differs from the sequential run (repetition %d)", tu_ctx, ONAMES[i], rep);
+        }
+      if (!diff) tu_passed++;
+      free_outs(&j->conc[rep]);
+    }
+    free_outs(&j->seq);
+    free(j->x), free(j->res), free(j->dy), free(j->gamma), free(j->beta), free(j->rm0), free(j->rv0);
+  }
 }
 
 int main(void) {
@@ -145,6 +220,7 @@ int main(void) {
       for (int l = 0; l < 2; l++, k++)
         det_case(shapes[si].n, shapes[si].c, shapes[si].s, (norma_layout)l, (norma_dtype)t,
                  flag_list[k % 3], 4242 + k);
+  test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
   for (int op = 0; op < 3; op++) {
     printf("test_determinism: %s: %d cases on >= 2 threads; schedules: %d split, %d fused\n",
