@@ -313,7 +313,7 @@ int main(void) {
              norma_isa_name(norma_get_isa()));
 
   static const int64_t Ns[] = {1, 2, 5}, Cs[] = {1, 3, 17, 64, 1000}, Ss[] = {1, 7, 49, 1021};
-  shape shapes[64];
+  shape shapes[80];
   int ns = 0;
   for (int a = 0; a < 3; a++)
     for (int b = 0; b < 5; b++)
@@ -322,6 +322,15 @@ int main(void) {
   shapes[ns++] = (shape){2, 2, 300001};
   shapes[ns++] = (shape){1, 1, 1048573};
   shapes[ns++] = (shape){3, 5, 70001};
+  /* the library's block boundaries: 1024 channels per rows-kernel call, 64-row blocks and
+     4096-row segments (channels-last, and [N, C] = channels-first with spatial 1), 4096-value
+     chunks of a channels-first run */
+  shapes[ns++] = (shape){1, 1024, 65};
+  shapes[ns++] = (shape){2, 1025, 32};
+  shapes[ns++] = (shape){65, 2048, 1};
+  shapes[ns++] = (shape){1, 3, 8193};
+  shapes[ns++] = (shape){2, 2, 4097};
+  shapes[ns++] = (shape){4097, 5, 1};
 
   /* How much of dtype x layout x variant runs on a shape, by its element count:
        <= small: every dtype x layout x variant;
