@@ -1,8 +1,9 @@
 """Smoke test of tools/norma-bench: a tiny run (norma only, one small shape) must finish and
 write a JSON / CSV / SVG with the documented fields.  No timing is asserted.
 
-The build directory is NORMA_BENCH_BUILD_DIR, else <repo>/build, else the first <repo>/build*
-that holds tools/norma-bench-norma; the test is skipped when none does."""
+The build directory is NORMA_BENCH_BUILD_DIR, else the directory of NORMA_LIBRARY, else the
+<repo>/build* directory whose tools/norma-bench-norma is the newest; the tests are skipped when
+there is none."""
 
 import csv
 import glob
@@ -20,15 +21,20 @@ WORKER = os.path.join("tools", "norma-bench-norma")
 
 
 def _build_dir():
-    cands = []
     if os.environ.get("NORMA_BENCH_BUILD_DIR"):
-        cands.append(os.environ["NORMA_BENCH_BUILD_DIR"])
-    cands.append(os.path.join(REPO, "build"))
-    cands += sorted(glob.glob(os.path.join(REPO, "build*")))
-    for d in cands:
+        d = os.environ["NORMA_BENCH_BUILD_DIR"]
+        return d if os.path.exists(os.path.join(d, WORKER)) else None
+    # the build of the library under test (scripts/test.sh sets NORMA_LIBRARY=build/libnorma.so)
+    if os.environ.get("NORMA_LIBRARY"):
+        d = os.path.dirname(os.path.abspath(os.environ["NORMA_LIBRARY"]))
         if os.path.exists(os.path.join(d, WORKER)):
             return d
-    return None
+    # else the most recently built <repo>/build* (a stale one would test old code)
+    cands = [d for d in glob.glob(os.path.join(REPO, "build*"))
+             if os.path.exists(os.path.join(d, WORKER))]
+    if not cands:
+        return None
+    return max(cands, key=lambda d: os.path.getmtime(os.path.join(d, WORKER)))
 
 
 def _run(args, timeout=60):
@@ -36,8 +42,8 @@ def _run(args, timeout=60):
     if build is None:
         pytest.skip("norma-bench-norma is not built (cmake --build build)")
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    return subprocess.run([python, BENCH, "--build-dir", build] + args, capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run([python, BENCH, "--build-dir", build, "--retries", "0"] + args,
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def test_quick_run_writes_json_csv_svg(tmp_path):
@@ -72,6 +78,12 @@ def test_quick_run_writes_json_csv_svg(tmp_path):
                     "model_bytes", "fits_in_cache", "eff_GBps", "pct_copy_bw", "speedup"):
             assert key in c, key
         assert c["model"] in ("1-pass", "2-pass")
+        plan = c["results"]["norma"].get("plan")  # norma_bn_query_plan (absent: older worker)
+        if plan is not None:
+            assert c["model_source"] == "norma"
+            assert c["model"] == "%d-pass" % plan["dram_passes"]
+        else:
+            assert c["model_source"] == "rule"
         assert isinstance(c["fits_in_cache"], bool)
         r = c["results"]["norma"]
         assert r["status"] == "ok", r
@@ -103,3 +115,29 @@ def test_list_cases():
     lines = r.stdout.split("\n")
     assert "fwd nc f32 64,1024" in lines
     assert len([x for x in lines if x]) == 4
+
+
+def test_peers_on_a_tiny_shape(tmp_path):
+    """PyTorch and oneDNN workers, where installed, answer in the same format; oneDNN has no
+    fused add + ReLU (n/a)."""
+    js = tmp_path / "p.json"
+    r = _run(["--quick", "--peers", "torch,dnnl", "--ops", "fwd,add_relu_fwd", "--layouts",
+              "nhwc", "--shape", "2,3,4,4", "--threads", "2", "--no-files", "--json", str(js)],
+             timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(js.read_text())
+    ran = [p for p in ("torch", "dnnl") if doc["peers"].get(p, {}).get("available")]
+    if not ran:
+        pytest.skip("neither PyTorch nor oneDNN is available")
+    assert doc["libs"] == ["norma"] + ran
+    for c in doc["cases"]:
+        for p in ran:
+            res = c["results"][p]
+            if p == "dnnl" and c["op"] == "add_relu_fwd":
+                assert res["status"] == "n/a", res
+            else:
+                assert res["status"] == "ok", res
+                assert res["median_ms"] > 0 and "impl" in res
+                assert c["speedup"][p] > 0
+    for g in doc["summary"]["groups"]:
+        assert set(g["geomean_speedup"]) == set(ran)

@@ -1,0 +1,359 @@
+/* worker_common.c - command line, case parsing, buffers and timing shared by the C workers of
+   norma-bench.  See worker_common.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "worker_common.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* cases                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+static int set_err(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+int bench_parse_case(const char *text, bench_case *k, char *err, size_t errlen) {
+  char op[32], layout[16], dtype[16], dims[128];
+  memset(k, 0, sizeof *k);
+  if (sscanf(text, " %31s %15s %15s %127s", op, layout, dtype, dims) != 4)
+    return set_err(err, errlen, "case '%s': expected '<op> <layout> <dtype> N,C[,H[,W]]'", text);
+
+  static const struct { const char *name; bench_dir dir; bench_act act; } ops[] = {
+    {"fwd", BENCH_FWD, BENCH_ACT_NONE},          {"infer", BENCH_INFER, BENCH_ACT_NONE},
+    {"bwd", BENCH_BWD, BENCH_ACT_NONE},          {"relu_fwd", BENCH_FWD, BENCH_ACT_RELU},
+    {"relu_infer", BENCH_INFER, BENCH_ACT_RELU}, {"relu_bwd", BENCH_BWD, BENCH_ACT_RELU},
+    {"add_relu_fwd", BENCH_FWD, BENCH_ACT_ADD_RELU},
+    {"add_relu_infer", BENCH_INFER, BENCH_ACT_ADD_RELU},
+    {"add_relu_bwd", BENCH_BWD, BENCH_ACT_ADD_RELU},
+  };
+  size_t i;
+  for (i = 0; i < sizeof ops / sizeof ops[0]; ++i)
+    if (strcmp(op, ops[i].name) == 0) break;
+  if (i == sizeof ops / sizeof ops[0]) return set_err(err, errlen, "unknown op '%s'", op);
+  snprintf(k->op, sizeof k->op, "%s", op);
+  k->dir = ops[i].dir;
+  k->act = ops[i].act;
+
+  if (strcmp(layout, "nchw") == 0) k->layout = BENCH_NCHW;
+  else if (strcmp(layout, "nhwc") == 0) k->layout = BENCH_NHWC;
+  else if (strcmp(layout, "nc") == 0) k->layout = BENCH_NC;
+  else return set_err(err, errlen, "unknown layout '%s' (nchw, nhwc, nc)", layout);
+
+  if (strcmp(dtype, "f32") == 0) k->dtype = BENCH_F32;
+  else if (strcmp(dtype, "bf16") == 0) k->dtype = BENCH_BF16;
+  else return set_err(err, errlen, "unknown dtype '%s' (f32, bf16)", dtype);
+
+  int64_t d[4] = {1, 1, 1, 1};
+  int nd = 0;
+  char *p = dims;
+  while (*p) {
+    if (nd == 4) return set_err(err, errlen, "shape '%s': at most 4 dimensions", dims);
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || errno || v < 1) return set_err(err, errlen, "shape '%s': bad dimension", dims);
+    d[nd++] = v;
+    p = end;
+    if (*p == ',' || *p == 'x') ++p;
+    else if (*p) return set_err(err, errlen, "shape '%s': bad separator", dims);
+  }
+  if (nd < 2) return set_err(err, errlen, "shape '%s': need at least N,C", dims);
+  k->n = d[0]; k->c = d[1]; k->h = d[2]; k->w = d[3];
+  k->ndim = nd <= 2 ? 2 : 4;
+  if (k->ndim == 2 && k->layout != BENCH_NC) k->layout = BENCH_NC; /* [N, C]: one layout */
+  if (k->ndim == 4 && k->layout == BENCH_NC)
+    return set_err(err, errlen, "layout nc needs a 2-D shape N,C");
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* buffers                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+void *bench_alloc(size_t bytes) {
+  size_t sz = (bytes + 63) / 64 * 64;
+  if (sz == 0) sz = 64;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, sz) != 0) return NULL;
+  memset(p, 0, sz); /* touches every page: no page fault is timed */
+  return p;
+}
+
+void bench_free(void *p) { free(p); }
+
+uint16_t bench_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Values are drawn for a block of FILL_BLOCK elements (a prime, so that the pattern does not
+   line up with channels or rows), which is then repeated over the tensor: filling stays at
+   memcpy speed for big tensors (the benchmark's set-up time), and the data still look random
+   to every kernel. */
+#define FILL_BLOCK 65521
+
+static void fill_block_f32(float *p, int64_t count, uint64_t seed, float lo, float hi) {
+  uint64_t s = seed;
+  for (int64_t i = 0; i < count; ++i) {
+    float u = (float)(splitmix64(&s) >> 40) * (1.0f / 16777216.0f);
+    p[i] = lo + (hi - lo) * u;
+  }
+}
+
+static void tile(void *p, int64_t count, size_t esize) {
+  char *b = (char *)p;
+  size_t done = FILL_BLOCK * esize, total = (size_t)count * esize;
+  while (done < total) {
+    size_t n = total - done < done ? total - done : done; /* doubling copies */
+    memcpy(b + done, b, n);
+    done += n;
+  }
+}
+
+void bench_fill_f32(float *p, int64_t count, uint64_t seed, float lo, float hi) {
+  fill_block_f32(p, count < FILL_BLOCK ? count : FILL_BLOCK, seed, lo, hi);
+  if (count > FILL_BLOCK) tile(p, count, sizeof(float));
+}
+
+void bench_fill(void *p, int64_t count, bench_dtype dtype, uint64_t seed, float lo, float hi) {
+  if (dtype == BENCH_F32) {
+    bench_fill_f32((float *)p, count, seed, lo, hi);
+    return;
+  }
+  int64_t m = count < FILL_BLOCK ? count : FILL_BLOCK;
+  float *tmp = (float *)malloc(sizeof(float) * (size_t)m);
+  uint16_t *q = (uint16_t *)p;
+  if (tmp) {
+    fill_block_f32(tmp, m, seed, lo, hi);
+    for (int64_t i = 0; i < m; ++i) q[i] = bench_f32_to_bf16(tmp[i]);
+    free(tmp);
+  } else {
+    for (int64_t i = 0; i < m; ++i) q[i] = bench_f32_to_bf16(lo);
+  }
+  if (count > FILL_BLOCK) tile(p, count, sizeof(uint16_t));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* timing                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t, char *err,
+               size_t errlen) {
+  for (int i = 0; i < warmup; ++i) {
+    int rc = fn(ctx, err, errlen);
+    if (rc) return rc;
+  }
+  if (reps < 1) reps = 1;
+  double *ms = (double *)malloc(sizeof(double) * (size_t)reps);
+  if (!ms) return set_err(err, errlen, "out of memory");
+  for (int i = 0; i < reps; ++i) {
+    double t0 = now_ms();
+    int rc = fn(ctx, err, errlen);
+    double t1 = now_ms();
+    if (rc) {
+      free(ms);
+      return rc;
+    }
+    ms[i] = t1 - t0;
+  }
+  qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+  t->min_ms = ms[0];
+  t->max_ms = ms[reps - 1];
+  t->median_ms = (reps % 2) ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
+  t->reps = reps;
+  t->warmup = warmup;
+  free(ms);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* JSON output                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+void bench_json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; s && *s; ++s) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch == '\n') fputs("\\n", f);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static const char *layout_name(bench_layout l) {
+  return l == BENCH_NCHW ? "nchw" : l == BENCH_NHWC ? "nhwc" : "nc";
+}
+
+static void print_case_head(FILE *f, const char *lib, const bench_case *k) {
+  fprintf(f, "{\"type\":\"result\",\"lib\":");
+  bench_json_string(f, lib);
+  fprintf(f, ",\"op\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"shape\":[", k->op,
+          layout_name(k->layout), k->dtype == BENCH_F32 ? "f32" : "bf16");
+  if (k->ndim == 2) fprintf(f, "%lld,%lld]", (long long)k->n, (long long)k->c);
+  else fprintf(f, "%lld,%lld,%lld,%lld]", (long long)k->n, (long long)k->c, (long long)k->h,
+               (long long)k->w);
+}
+
+static void run_one(const bench_worker *w, const char *text, int warmup, int reps) {
+  bench_case k;
+  char err[512] = "", impl[128] = "", extra[512] = "";
+  if (bench_parse_case(text, &k, err, sizeof err)) {
+    printf("{\"type\":\"result\",\"lib\":");
+    bench_json_string(stdout, w->lib);
+    printf(",\"case\":");
+    bench_json_string(stdout, text);
+    printf(",\"status\":\"error\",\"reason\":");
+    bench_json_string(stdout, err);
+    printf("}\n");
+    fflush(stdout);
+    return;
+  }
+  bench_timing t;
+  memset(&t, 0, sizeof t);
+  bench_status st = w->run_case(&k, warmup, reps, &t, impl, sizeof impl, extra, sizeof extra,
+                                err, sizeof err);
+  print_case_head(stdout, w->lib, &k);
+  if (st == BENCH_OK) {
+    printf(",\"status\":\"ok\",\"min_ms\":%.6f,\"median_ms\":%.6f,\"max_ms\":%.6f,"
+           "\"reps\":%d,\"warmup\":%d,\"impl\":",
+           t.min_ms, t.median_ms, t.max_ms, t.reps, t.warmup);
+    bench_json_string(stdout, impl);
+    fputs(extra, stdout);
+  } else {
+    printf(",\"status\":\"%s\",\"reason\":", st == BENCH_NA ? "n/a" : "error");
+    bench_json_string(stdout, err);
+  }
+  printf("}\n");
+  fflush(stdout);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* command line                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+static void usage(FILE *f, const char *argv0) {
+  fprintf(f,
+          "usage: %s [--threads N] [--warmup W] [--reps R] [--info] [--probe [--probe-mb MB]\n"
+          "          [--probe-passes P]] [--case 'OP LAYOUT DTYPE N,C[,H,W]']... [--stdin]\n"
+          "A norma-bench worker: prints one JSON line per case (see tools/norma-bench).\n"
+          "  OP      fwd infer bwd relu_fwd relu_infer relu_bwd add_relu_fwd add_relu_infer\n"
+          "          add_relu_bwd\n"
+          "  LAYOUT  nchw nhwc nc      DTYPE f32 bf16\n"
+          "  --stdin reads one case per line from stdin until EOF or 'quit'.\n",
+          argv0);
+}
+
+static int parse_int(const char *s, int lo, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || v < lo || v > 1000000) return 1;
+  *out = (int)v;
+  return 0;
+}
+
+int bench_worker_main(int argc, char **argv, const bench_worker *w) {
+  int threads = 0, warmup = 3, reps = 10, info = 0, probe = 0, use_stdin = 0;
+  int probe_mb = 256, probe_passes = 5;
+  /* first pass: options; cases run after in order */
+  for (int i = 1; i < argc; ++i) {
+    const char *a = argv[i];
+    int *target = NULL;
+    int lo = 0;
+    if (strcmp(a, "--threads") == 0) { target = &threads; lo = 1; }
+    else if (strcmp(a, "--warmup") == 0) { target = &warmup; lo = 0; }
+    else if (strcmp(a, "--reps") == 0) { target = &reps; lo = 1; }
+    else if (strcmp(a, "--probe-mb") == 0) { target = &probe_mb; lo = 1; }
+    else if (strcmp(a, "--probe-passes") == 0) { target = &probe_passes; lo = 1; }
+    else if (strcmp(a, "--info") == 0) { info = 1; continue; }
+    else if (strcmp(a, "--probe") == 0) { probe = 1; continue; }
+    else if (strcmp(a, "--stdin") == 0) { use_stdin = 1; continue; }
+    else if (strcmp(a, "--case") == 0) {
+      if (i + 1 >= argc) { usage(stderr, argv[0]); return 2; }
+      ++i;
+      continue;
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout, argv[0]);
+      return 0;
+    } else {
+      fprintf(stderr, "%s: unknown argument '%s'\n", argv[0], a);
+      usage(stderr, argv[0]);
+      return 2;
+    }
+    if (i + 1 >= argc || parse_int(argv[i + 1], lo, target)) {
+      fprintf(stderr, "%s: %s needs an integer >= %d\n", argv[0], a, lo);
+      return 2;
+    }
+    ++i;
+  }
+  if (threads > 0) w->set_threads(threads);
+
+  if (info) {
+    printf("{\"type\":\"info\",\"lib\":");
+    bench_json_string(stdout, w->lib);
+    printf(",\"threads\":%d,\"warmup\":%d,\"reps\":%d", threads, warmup, reps);
+    if (w->print_info) w->print_info(stdout);
+    printf("}\n");
+    fflush(stdout);
+  }
+  if (probe) {
+    bench_probe_result r;
+    if (bench_probe((size_t)probe_mb << 20, threads > 0 ? threads : 0, probe_passes, &r)) {
+      printf("{\"type\":\"probe\",\"status\":\"error\",\"reason\":\"out of memory\"}\n");
+    } else {
+      printf("{\"type\":\"probe\",\"status\":\"ok\",\"threads\":%d,\"bytes\":%zu,\"passes\":%d,"
+             "\"nt_stores\":%s,\"copy_nt_GBps\":%.3f,\"copy_nt_median_GBps\":%.3f,"
+             "\"copy_GBps\":%.3f,\"copy_median_GBps\":%.3f,\"read_GBps\":%.3f,"
+             "\"read_median_GBps\":%.3f}\n",
+             r.threads, r.bytes, r.passes, r.nt_stores ? "true" : "false", r.copy_nt_best,
+             r.copy_nt_median, r.copy_best, r.copy_median, r.read_best, r.read_median);
+    }
+    fflush(stdout);
+  }
+  for (int i = 1; i < argc; ++i)
+    if (strcmp(argv[i], "--case") == 0) run_one(w, argv[++i], warmup, reps);
+  if (use_stdin) {
+    char line[1024];
+    while (fgets(line, sizeof line, stdin)) {
+      char *p = line;
+      while (*p == ' ' || *p == '\t') ++p;
+      size_t len = strlen(p);
+      while (len && (p[len - 1] == '\n' || p[len - 1] == '\r' || p[len - 1] == ' ')) p[--len] = 0;
+      if (!*p || *p == '#') continue;
+      if (strcmp(p, "quit") == 0) break;
+      run_one(w, p, warmup, reps);
+    }
+  }
+  return 0;
+}
