@@ -219,37 +219,38 @@ AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const vo
       _mm256_store_ps(lo + j, _mm256_set1_ps(__builtin_inff()));
       _mm256_store_ps(hi + j, _mm256_set1_ps(-__builtin_inff()));
     }
-    /* pass 1: sums, minima, maxima, for the anchors */
-    for (int64_t r = 0; r < rows; r++) {
-      const int64_t e = r * ld + j0;
-      for (int64_t j = 0; j < full; j += 8) {
-        const __m256 v = ld8(x, e + j, dt);
-        _mm256_store_ps(k + j, _mm256_add_ps(_mm256_load_ps(k + j), v));
-        _mm256_store_ps(lo + j, _mm256_min_ps(_mm256_load_ps(lo + j), v));
-        _mm256_store_ps(hi + j, _mm256_max_ps(_mm256_load_ps(hi + j), v));
-      }
-      if (tail) {
-        const __m256 v = ld_part(x, e + full, tail, dt);
-        _mm256_store_ps(k + full, _mm256_add_ps(_mm256_load_ps(k + full), v));
-        _mm256_store_ps(lo + full, _mm256_min_ps(_mm256_load_ps(lo + full), v));
-        _mm256_store_ps(hi + full, _mm256_max_ps(_mm256_load_ps(hi + full), v));
+    /* pass 1: sums, minima, maxima, for the anchors.  Rows go by fours with each vector of
+       accumulators held in registers meanwhile (each channel still adds its rows in order). */
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
+      for (int64_t j = 0; j < full + (tail ? 8 : 0); j += 8) {
+        const int n = j < full ? 8 : tail;
+        __m256 sv = _mm256_load_ps(k + j), l = _mm256_load_ps(lo + j), h = _mm256_load_ps(hi + j);
+        for (int rr = 0; rr < nr; rr++) {
+          const int64_t e = (r0 + rr) * ld + j0 + j;
+          const __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
+          sv = _mm256_add_ps(sv, v), l = _mm256_min_ps(l, v), h = _mm256_max_ps(h, v);
+        }
+        _mm256_store_ps(k + j, sv), _mm256_store_ps(lo + j, l), _mm256_store_ps(hi + j, h);
       }
     }
     const float inv = 1.0f / (float)rows;
     for (int64_t j = 0; j < jn; j++) k[j] = bn_stats_anchor_f32(k[j], lo[j], hi[j], inv);
     /* pass 2, over the block while it is in cache: deviations from them */
-    for (int64_t r = 0; r < rows; r++) {
-      const int64_t e = r * ld + j0;
-      for (int64_t j = 0; j < full; j += 8) {
-        __m256 d = _mm256_sub_ps(ld8(x, e + j, dt), _mm256_load_ps(k + j));
-        _mm256_store_ps(a + j, _mm256_add_ps(_mm256_load_ps(a + j), d));
-        _mm256_store_ps(q + j, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + j)));
-      }
-      if (tail) {
-        __m256 d = _mm256_sub_ps(ld_part(x, e + full, tail, dt), _mm256_load_ps(k + full));
-        d = _mm256_and_ps(d, lane_mask(tail));
-        _mm256_store_ps(a + full, _mm256_add_ps(_mm256_load_ps(a + full), d));
-        _mm256_store_ps(q + full, _mm256_fmadd_ps(d, d, _mm256_load_ps(q + full)));
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
+      for (int64_t j = 0; j < full + (tail ? 8 : 0); j += 8) {
+        const int n = j < full ? 8 : tail;
+        const __m256 kk = _mm256_load_ps(k + j), m = lane_mask(n);
+        __m256 av = _mm256_load_ps(a + j), qv = _mm256_load_ps(q + j);
+        for (int rr = 0; rr < nr; rr++) {
+          const int64_t e = (r0 + rr) * ld + j0 + j;
+          __m256 d = _mm256_sub_ps(n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt), kk);
+          if (n < 8) d = _mm256_and_ps(d, m);
+          av = _mm256_add_ps(av, d);
+          qv = _mm256_fmadd_ps(d, d, qv);
+        }
+        _mm256_store_ps(a + j, av), _mm256_store_ps(q + j, qv);
       }
     }
     for (int64_t j = 0; j < jn; j++) {
@@ -351,20 +352,27 @@ AI void bwd_sums_rows(const void *v, const void *y, const void *dy, int64_t rows
     memset(s1, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
     memset(s2, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
     memset(s3, 0, sizeof(float) * (size_t)((jn + 7) / 8 * 8));
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
       for (int64_t j = 0; j < jn; j += 8) {
         const int n = (int)(jn - j < 8 ? jn - j : 8);
-        const int64_t ch = j0 + j, e = r * ld + ch;
+        const int64_t ch = j0 + j;
         const __m256 a = ldk(c + C_A * cs + ch, n), b = ldk(c + C_B * cs + ch, n),
                      cc = ldk(c + C_C * cs + ch, n);
-        __m256 gv = masked_dy(y, dy, e, n, act, dt);
-        __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
-        __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
-        if (n < 8) xh = _mm256_and_ps(xh, lane_mask(n));
-        _mm256_store_ps(s1 + j, _mm256_add_ps(_mm256_load_ps(s1 + j), gv));
-        _mm256_store_ps(s2 + j, _mm256_fmadd_ps(gv, xh, _mm256_load_ps(s2 + j)));
-        _mm256_store_ps(s3 + j, _mm256_add_ps(_mm256_load_ps(s3 + j), xh));
+        __m256 v1 = _mm256_load_ps(s1 + j), v2 = _mm256_load_ps(s2 + j), v3 = _mm256_load_ps(s3 + j);
+        for (int rr = 0; rr < nr; rr++) { /* rows by fours, sums in registers meanwhile */
+          const int64_t e = (r0 + rr) * ld + ch;
+          __m256 gv = masked_dy(y, dy, e, n, act, dt);
+          __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
+          __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, a), b, cc);
+          if (n < 8) xh = _mm256_and_ps(xh, lane_mask(n));
+          v1 = _mm256_add_ps(v1, gv);
+          v2 = _mm256_fmadd_ps(gv, xh, v2);
+          v3 = _mm256_add_ps(v3, xh);
+        }
+        _mm256_store_ps(s1 + j, v1), _mm256_store_ps(s2 + j, v2), _mm256_store_ps(s3 + j, v3);
       }
+    }
     for (int64_t j = 0; j < jn; j++) o1[j0 + j] = s1[j], o2[j0 + j] = s2[j], o3[j0 + j] = s3[j];
   }
 }
