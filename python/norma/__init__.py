@@ -9,7 +9,9 @@ Functional API on numpy arrays and CPU torch tensors::
     y = norma.batch_norm(x, rm, rv, weight, bias, training, momentum, eps)   # F.batch_norm order
 
 PyTorch modules (autograd, channels_last, fused ReLU / add+ReLU) are in ``norma.torch``:
-``BatchNorm1d/2d/3d``, ``convert(model)``, ``fold_bn(model)``.
+``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` (over MPI, with mpi4py), ``convert(model)``,
+``fold_bn(model)``.  ``norma.mpi`` is the functional SyncBatchNorm (libnorma_mpi);
+``norma.check`` the precision checker (also the command tools/norma-check).
 
 The shared library is found through NORMA_LIBRARY, beside the package, in the build tree of
 the checkout, or where ``cmake --install`` put it (see norma._lib).
@@ -19,8 +21,8 @@ from ._lib import (NormaError, NormaLibraryNotFound, library_path, CHANNELS_FIRS
                    CHANNELS_LAST, BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE,
                    BN_GLOBAL_STATS)
 from ._core import (batch_norm_forward_training, batch_norm_inference, batch_norm_backward,
-                    batch_norm, bn_fold, fold_into_weights, moments, version, set_num_threads,
-                    get_num_threads, set_max_isa, get_isa, set_use_reference,
+                    batch_norm, bn_fold, fold_into_weights, moments, query_plan, version,
+                    set_num_threads, get_num_threads, set_max_isa, get_isa, set_use_reference,
                     get_use_reference)
 
 __version__ = "0.1.0"
@@ -28,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "NormaError", "NormaLibraryNotFound", "library_path",
     "batch_norm_forward_training", "batch_norm_inference", "batch_norm_backward", "batch_norm",
-    "bn_fold", "fold_into_weights", "moments",
+    "bn_fold", "fold_into_weights", "moments", "query_plan",
     "version", "set_num_threads", "get_num_threads", "set_max_isa", "get_isa",
     "set_use_reference", "get_use_reference",
     "CHANNELS_FIRST", "CHANNELS_LAST", "BN_RELU", "BN_ADD_RELU", "BN_BIASED_RUNNING_VAR",
@@ -37,8 +39,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `norma.torch` without an explicit `import norma.torch` (torch is imported only then).
-    if name == "torch":
+    # `norma.torch` / `norma.mpi` without an explicit import (torch / mpi4py are imported only
+    # then).
+    if name in ("torch", "mpi", "check", "profiling"):
         import importlib
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError("module 'norma' has no attribute %r" % name)

@@ -31,18 +31,29 @@ _NP_DTYPES = {np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.
 _DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16"}
 
 
+_TORCH = None
+_TORCH_DTYPES = None
+
+
 def _torch():
-    return sys.modules.get("torch")
+    """The torch module when it has been imported (norma never imports it itself)."""
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = sys.modules.get("torch")
+    return _TORCH
 
 
 def is_torch_tensor(x):
-    t = _torch()
+    t = _TORCH if _TORCH is not None else _torch()
     return t is not None and isinstance(x, t.Tensor)
 
 
 def _torch_dtypes():
-    t = _torch()
-    return {t.float32: F32, t.float64: F64, t.float16: F16, t.bfloat16: BF16}
+    global _TORCH_DTYPES
+    if _TORCH_DTYPES is None:
+        t = _torch()
+        _TORCH_DTYPES = {t.float32: F32, t.float64: F64, t.float16: F16, t.bfloat16: BF16}
+    return _TORCH_DTYPES
 
 
 def parse_layout(layout):
@@ -119,7 +130,7 @@ def _check_ndim(shape, name):
 def _torch_dense(x, layout):
     """x (a detached CPU tensor) made dense in `layout`; returns the tensor of logical shape."""
     if layout == CHANNELS_FIRST:
-        return x.contiguous()
+        return x if x.is_contiguous() else x.contiguous()
     perm = _cl_perm(x.dim())
     p = x.permute(perm)
     if p.is_contiguous():
@@ -135,7 +146,8 @@ def _torch_prepare(x, layout, name):
         raise TypeError("%s has dtype %s; norma supports float32, float64, float16 and bfloat16"
                         % (name, x.dtype))
     _check_ndim(x.shape, name)
-    x = x.detach()
+    if x.requires_grad:
+        x = x.detach()
     if layout is None:
         if x.is_contiguous():
             layout = CHANNELS_FIRST
@@ -272,10 +284,12 @@ def _param_in_generic(p, numel, pdt_np, name):
         t = _torch()
         if p.device.type != "cpu":
             raise ValueError("%s is on %s: norma runs on CPU tensors" % (name, p.device))
-        if not _numel_ok(p.shape, numel):
+        if p.numel() != numel:
             raise ValueError("%s must have %d elements (got shape %s)"
                              % (name, numel, tuple(p.shape)))
         pdt = t.float64 if pdt_np == np.float64 else t.float32
+        if p.dtype == pdt and p.is_contiguous():
+            return _P(p, p.data_ptr())  # read only: no copy (a Parameter keeps its autograd)
         q = p.detach().to(pdt).contiguous()
         return _P(q, q.data_ptr())
     a = np.ascontiguousarray(p, dtype=pdt_np)
@@ -304,7 +318,7 @@ def inout_generic(p, numel, pdt_np, name):
             raise ValueError("%s must have %d elements (got shape %s)"
                              % (name, numel, tuple(p.shape)))
         pdt = t.float64 if pdt_np == np.float64 else t.float32
-        d = p.detach()
+        d = p.detach() if p.requires_grad else p
         if d.dtype == pdt and d.is_contiguous():
             return _P(d, d.data_ptr())
         tmp = d.to(pdt).contiguous().clone()
@@ -371,6 +385,25 @@ def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean
 
     Returns (y, save_mean, save_invstd); the last two feed batch_norm_backward.
     """
+    return forward_training_with(invoker("norma_bn_forward_training"), x, gamma, beta, eps,
+                                 running_mean, running_var, momentum, layout, relu, residual,
+                                 biased_running_var, check_finite)
+
+
+def invoker(name, *leading):
+    """A function that calls the C function `name` with `leading` arguments first (e.g. a
+    communicator) and raises NormaError on failure."""
+    def invoke(*args):
+        return call(name, *(leading + args))
+    return invoke
+
+
+def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_mean=None,
+                          running_var=None, momentum=0.1, layout=None, relu=False,
+                          residual=None, biased_running_var=False, check_finite=False):
+    """batch_norm_forward_training through `invoke(d, x, residual, gamma, beta, y, save_mean,
+    save_invstd, running_mean, running_var, momentum)` (norma_bn_forward_training's arguments;
+    norma.mpi passes the synchronized call)."""
     X = prepare(x, layout)
     add_relu = residual is not None
     if add_relu and not relu:
@@ -389,9 +422,8 @@ def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean
     sm = param_out(X)
     si = param_out(X)
     d = X.desc(eps, flags)
-    call("norma_bn_forward_training", ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr,
-         b.ptr, Y.ptr, sm.ptr, si.ptr, rm.ptr, rv.ptr,
-         float(momentum) if momentum is not None else 0.0)
+    invoke(ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr, b.ptr, Y.ptr, sm.ptr, si.ptr,
+           rm.ptr, rv.ptr, float(momentum) if momentum is not None else 0.0)
     rm.finish()
     rv.finish()
     return Y.obj, sm.obj, si.obj
@@ -432,6 +464,16 @@ def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=
     y > 0).  Returns (dx, dgamma, dbeta), plus dresidual with ``add_relu``; dgamma and dbeta
     are None with ``compute_param_grads=False``.
     """
+    return backward_with(invoker("norma_bn_backward"), dy, x, save_mean, save_invstd, gamma,
+                         beta, y, eps, layout, relu, add_relu, global_stats, check_finite,
+                         compute_param_grads)
+
+
+def backward_with(invoke, dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,
+                  eps=1e-5, layout=None, relu=False, add_relu=False, global_stats=False,
+                  check_finite=False, compute_param_grads=True):
+    """batch_norm_backward through `invoke(d, x, y, dy, gamma, beta, save_mean, save_invstd, dx,
+    dresidual, dgamma, dbeta)` (norma_bn_backward's arguments)."""
     if x is None and y is None:
         raise ValueError("batch_norm_backward needs x, or y when x is None")
     if (relu or add_relu) and (x is None or y is None):
@@ -454,8 +496,8 @@ def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=
     dg = param_out(ref) if compute_param_grads else _NULL
     db = param_out(ref) if compute_param_grads else _NULL
     d = ref.desc(eps, flags)
-    call("norma_bn_backward", ctypes.byref(d), X.ptr if X else None, Yt.ptr if Yt else None,
-         DY.ptr, g.ptr, b.ptr, sm.ptr, si.ptr, DX.ptr, DR.ptr if DR else None, dg.ptr, db.ptr)
+    invoke(ctypes.byref(d), X.ptr if X else None, Yt.ptr if Yt else None, DY.ptr, g.ptr, b.ptr,
+           sm.ptr, si.ptr, DX.ptr, DR.ptr if DR else None, dg.ptr, db.ptr)
     out = (DX.obj, dg.obj, db.obj)
     if add_relu:
         out = out + (DR.obj,)
@@ -539,6 +581,30 @@ def moments(x, layout=None, check_finite=False):
     call("norma_bn_moments", ctypes.byref(d), X.ptr, count.ctypes.data, mean.ctypes.data,
          m2.ctypes.data)
     return count, mean, m2
+
+
+_OPS = {"forward_training": _lib.BN_OP_FORWARD_TRAINING, "training": _lib.BN_OP_FORWARD_TRAINING,
+        "forward_inference": _lib.BN_OP_FORWARD_INFERENCE,
+        "inference": _lib.BN_OP_FORWARD_INFERENCE, "backward": _lib.BN_OP_BACKWARD}
+
+
+def query_plan(x, op="forward_training", layout=None, relu=False, add_relu=False,
+               global_stats=False, eps=1e-5):
+    """How norma would run `op` ('forward_training', 'inference' or 'backward') on x (an array
+    or tensor: only its shape, dtype and layout are used) with the current settings: a dict
+    with dram_passes (1: the one-pass floor, 2: reductions then apply), fused (schedule),
+    unit (channels per block), threads, isa ('scalar' / 'avx2'), streaming_stores, reference.
+    """
+    if op not in _OPS:
+        raise ValueError("op must be one of %s (got %r)" % (sorted(_OPS), op))
+    X = prepare(x, layout)
+    d = X.desc(eps, _flags(relu, add_relu, False, False, global_stats))
+    plan = _lib.BnPlan()
+    call("norma_bn_query_plan", ctypes.byref(d), _OPS[op], ctypes.byref(plan))
+    out = plan.as_dict()
+    L = _lib.lib()
+    out["isa"] = L.norma_isa_name(plan.isa).decode()
+    return out
 
 
 # ------------------------------------------------------------------------------------------

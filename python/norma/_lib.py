@@ -26,6 +26,7 @@ __all__ = [
     "NormaError",
     "NormaLibraryNotFound",
     "BnDesc",
+    "BnPlan",
     "lib",
     "library_path",
     "check",
@@ -72,6 +73,10 @@ BN_BIASED_RUNNING_VAR = 1 << 2
 CHECK_FINITE = 1 << 3
 BN_GLOBAL_STATS = 1 << 4
 
+BN_OP_FORWARD_TRAINING = 0
+BN_OP_FORWARD_INFERENCE = 1
+BN_OP_BACKWARD = 2
+
 
 class NormaError(RuntimeError):
     """A norma C call failed.
@@ -111,6 +116,26 @@ class BnDesc(ctypes.Structure):
             self.n, self.c, self.spatial, self.layout, self.dtype, self.eps, self.flags)
 
 
+class BnPlan(ctypes.Structure):
+    """norma_bn_plan (filled by norma_bn_query_plan)."""
+
+    _fields_ = [
+        ("dram_passes", ctypes.c_int),
+        ("fused", ctypes.c_int),
+        ("unit", ctypes.c_int64),
+        ("threads", ctypes.c_int),
+        ("isa", ctypes.c_int),  # norma_isa
+        ("streaming_stores", ctypes.c_int),
+        ("reference", ctypes.c_int),
+    ]
+
+    def as_dict(self):
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+    def __repr__(self):
+        return "BnPlan(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
 _vp = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _int = ctypes.c_int
@@ -141,6 +166,8 @@ PROTOTYPES = {
     # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dresidual, dgamma, dbeta)
     "norma_bn_backward": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
                                     _vp]),
+    # plan introspection: (d, op, plan)
+    "norma_bn_query_plan": (_status, [_pdesc, _int, ctypes.POINTER(BnPlan)]),
     # inference folding
     # (c, gamma, beta, mean, var, eps, scale, shift)   float arrays
     "norma_bn_fold": (_status, [_i64, _vp, _vp, _vp, _vp, _dbl, _vp, _vp]),
