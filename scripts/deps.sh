@@ -25,5 +25,5 @@ norma_install_deps() {
   echo "norma: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >&2
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  apt-get install -y -q "${missing[@]}" >&2
 }
