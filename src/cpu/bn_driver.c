@@ -9,7 +9,7 @@
  *
  * Determinism: the reduction of a channel is cut into segments fixed by the shape alone
  * (channels-first: runs of up to CF_CHUNK values of one image; channels-last: CL_SEG_ROWS rows,
- * themselves made of blocks of CL_BLOCK_ROWS rows).  A segment's result is computed by a fixed
+ * themselves made of blocks of block_rows() rows).  A segment's result is computed by a fixed
  * sequence of micro-kernel calls and combined with the others in index order.  Which thread
  * computes a segment never changes what is computed, so results are bitwise identical for any
  * thread count, and between the two schedules.
@@ -41,7 +41,18 @@ static inline int omp_get_num_threads(void) { return 1; }
 #endif
 
 #define CF_CHUNK 4096       /* values per channels-first segment */
-#define CL_BLOCK_ROWS 64    /* rows per micro-kernel call in channels-last reductions */
+/* rows per micro-kernel call in channels-last reductions.  The statistics take blocks of about
+   128 KiB (read twice while in L2; a larger block spreads the per-channel work of a call over
+   more values), a power of two in [64, 256]: each channel adds its rows in one f32 lane, so
+   more rows would cost accuracy.  The backward's sums, which have no per-block work, take 64.
+   Shape alone decides it. */
+static inline int64_t block_rows(int stats, int64_t c, size_t esize) {
+  if (!stats) return 64;
+  const int64_t target = (int64_t)(128 * 1024) / (c * (int64_t)esize);
+  int64_t b = 64;
+  while (b < 256 && 2 * b <= target) b *= 2;
+  return b;
+}
 #define CL_SEG_ROWS 4096    /* rows per channels-last segment */
 #define ROWS_CHUNK 1024     /* channels per rows-kernel call */
 #define SERIAL_BELOW 32768  /* tensors with fewer values run without a parallel region */
@@ -196,8 +207,9 @@ static void seg_sums_rows(const job *jb, int64_t seg, int64_t j0, int64_t nc, do
     for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
   /* row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is read in order;
      a channel still sees its blocks in order, whatever the loop nest */
-  for (int64_t r = r0; r < r1; r += CL_BLOCK_ROWS) {
-    const int64_t rows = r1 - r < CL_BLOCK_ROWS ? r1 - r : CL_BLOCK_ROWS;
+  const int64_t br = block_rows(jb->nsums == SUMS_STATS, p->c, p->esize);
+  for (int64_t r = r0; r < r1; r += br) {
+    const int64_t rows = r1 - r < br ? r1 - r : br;
     for (int64_t jc = 0; jc < nc; jc += ROWS_CHUNK) {
       const int64_t ncc = nc - jc < ROWS_CHUNK ? nc - jc : ROWS_CHUNK, ja = j0 + jc;
       const int64_t e = r * p->c + ja;
@@ -823,8 +835,9 @@ static norma_status cpu_moments_tile(norma_dtype dt, int64_t rows, int64_t chann
     static _Thread_local union { float f[ROWS_CHUNK]; double d[ROWS_CHUNK]; } k;
     for (int64_t j0 = 0; j0 < channels; j0 += ROWS_CHUNK) {
       const int64_t nc = channels - j0 < ROWS_CHUNK ? channels - j0 : ROWS_CHUNK;
-      for (int64_t r0 = 0; r0 < rows; r0 += CL_BLOCK_ROWS) {
-        const int64_t n = rows - r0 < CL_BLOCK_ROWS ? rows - r0 : CL_BLOCK_ROWS;
+      const int64_t br = block_rows(1, channels, es);
+      for (int64_t r0 = 0; r0 < rows; r0 += br) {
+        const int64_t n = rows - r0 < br ? rows - r0 : br;
         const char *blk = (const char *)x + (size_t)(r0 * row_stride + j0) * es;
         if (r0 == 0) {
           uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd);

@@ -72,8 +72,14 @@ AI void st_part(void *p, int64_t i, __m256 v, int n, const int dt) {
 /* st8 through the write-combining buffers when asked and the address allows it */
 AI void st8s(void *p, int64_t i, __m256 v, const int dt, int nt) {
   if (nt) {
-    if (dt == S_F32 && (((uintptr_t)((float *)p + i)) & 31) == 0) {
+    const uintptr_t a = (uintptr_t)((float *)p + i);
+    if (dt == S_F32 && (a & 31) == 0) {
       _mm256_stream_ps((float *)p + i, v);
+      return;
+    }
+    if (dt == S_F32 && (a & 15) == 0) { /* malloc's 16-byte alignment: two halves */
+      _mm_stream_ps((float *)p + i, _mm256_castps256_ps128(v));
+      _mm_stream_ps((float *)p + i + 4, _mm256_extractf128_ps(v, 1));
       return;
     }
     if (dt != S_F32 && (((uintptr_t)((uint16_t *)p + i)) & 15) == 0) {
@@ -95,6 +101,27 @@ AI int64_t to_boundary(const void *p, int64_t i, int64_t n, const int dt) {
 
 /* lanes < n set */
 AI __m256 lane_mask(int n) { return _mm256_castsi256_ps(lane_mask_i(n)); }
+
+/* bn_stats_anchor_f32 (ukernels.h) on 8 lanes, with the same arithmetic */
+AI __m256 anchor8(__m256 sum, __m256 mn, __m256 mx, __m256 inv) {
+  const __m256 mean = _mm256_mul_ps(sum, inv), range = _mm256_sub_ps(mx, mn);
+  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(range), 23),
+                                     _mm256_set1_epi32(0xff));
+  const __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(5)), 23));
+  const __m256 iq = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(259), e), 23));
+  const __m256 t = _mm256_mul_ps(mean, iq);
+  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+  const __m256 r = _mm256_mul_ps(_mm256_sub_ps(_mm256_add_ps(t, magic), magic), q);
+  /* usable: range > 0, 6 < e < 255, |t| < 2^22 */
+  __m256 ok = _mm256_cmp_ps(range, _mm256_setzero_ps(), _CMP_GT_OQ);
+  ok = _mm256_and_ps(ok, _mm256_castsi256_ps(_mm256_cmpgt_epi32(e, _mm256_set1_epi32(6))));
+  ok = _mm256_and_ps(ok, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(255), e)));
+  ok = _mm256_and_ps(ok, _mm256_cmp_ps(t, _mm256_set1_ps(0x1p22f), _CMP_LT_OQ));
+  ok = _mm256_and_ps(ok, _mm256_cmp_ps(t, _mm256_set1_ps(-0x1p22f), _CMP_GT_OQ));
+  __m256 res = _mm256_blendv_ps(mean, r, ok);
+  return _mm256_blendv_ps(res, mn, _mm256_cmp_ps(range, _mm256_setzero_ps(), _CMP_EQ_OQ));
+}
 
 AI __m256 act8(__m256 v, const void *res, int64_t i, int n, int act, const int dt) {
   if (act == BN_ACT_ADD_RELU) v = _mm256_add_ps(v, n == 8 ? ld8(res, i, dt) : ld_part(res, i, n, dt));
@@ -234,8 +261,10 @@ AI void stats_rows(const void *x, int64_t rows, int64_t ld, int64_t nc, const vo
         _mm256_store_ps(k + j, sv), _mm256_store_ps(lo + j, l), _mm256_store_ps(hi + j, h);
       }
     }
-    const float inv = 1.0f / (float)rows;
-    for (int64_t j = 0; j < jn; j++) k[j] = bn_stats_anchor_f32(k[j], lo[j], hi[j], inv);
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)rows);
+    for (int64_t j = 0; j < full + (tail ? 8 : 0); j += 8)
+      _mm256_store_ps(k + j, anchor8(_mm256_load_ps(k + j), _mm256_load_ps(lo + j),
+                                     _mm256_load_ps(hi + j), inv));
     /* pass 2, over the block while it is in cache: deviations from them */
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
