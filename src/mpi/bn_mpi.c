@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "internal.h"
 #include "norma_mpi.h"
 
@@ -75,13 +76,6 @@ static norma_status fail_mpi(const char *fn, const char *what, int rc, int rank,
 /* Local argument checks (the same rules and messages as the single-process calls, with n >= 0)*/
 /* ------------------------------------------------------------------------------------------ */
 
-#define ALL_FLAGS                                                                   \
-  (NORMA_BN_RELU | NORMA_BN_ADD_RELU | NORMA_BN_BIASED_RUNNING_VAR |                 \
-   NORMA_CHECK_FINITE | NORMA_BN_GLOBAL_STATS)
-
-static size_t dtype_size(norma_dtype t) { return t == NORMA_F64 ? 8 : t == NORMA_F32 ? 4 : 2; }
-static size_t param_size(norma_dtype t) { return t == NORMA_F64 ? 8 : 4; }
-
 typedef struct local_shape {
   int64_t total;      /* n * c * spatial */
   size_t tbytes;      /* bytes of a local tensor */
@@ -89,105 +83,45 @@ typedef struct local_shape {
   int act;            /* 0 none, 1 relu, 2 add+relu */
 } local_shape;
 
+/* The core's checks (check.h) record their message in norma_last_error(); keep it here too. */
+static norma_status mirror(norma_status st) {
+  if (st != NORMA_OK) snprintf(mpi_last_error, sizeof mpi_last_error, "%s", norma_last_error());
+  return st;
+}
+
 static norma_status check_desc(const char *fn, const norma_bn_desc *d, local_shape *ls) {
-  const norma_status bad = NORMA_ERR_INVALID_ARGUMENT;
-  if (d->n < 0) return fail(bad, "%s: d->n must be >= 0 (got %lld)", fn, (long long)d->n);
-  if (d->spatial <= 0)
-    return fail(bad, "%s: d->spatial must be > 0 (got %lld)", fn, (long long)d->spatial);
-  if (d->layout != NORMA_CHANNELS_FIRST && d->layout != NORMA_CHANNELS_LAST)
-    return fail(bad, "%s: d->layout must be NORMA_CHANNELS_FIRST or NORMA_CHANNELS_LAST (got %d)",
-                fn, (int)d->layout);
-  if (d->dtype != NORMA_F32 && d->dtype != NORMA_F64 && d->dtype != NORMA_F16 &&
-      d->dtype != NORMA_BF16)
-    return fail(bad, "%s: d->dtype must be NORMA_F32, NORMA_F64, NORMA_F16 or NORMA_BF16 (got %d)",
-                fn, (int)d->dtype);
-  if (!(d->eps >= 0.0) || !isfinite(d->eps))
-    return fail(bad, "%s: d->eps must be finite and >= 0 (got %g)", fn, d->eps);
-  if (d->flags & ~(unsigned)ALL_FLAGS)
-    return fail(bad, "%s: d->flags has unknown bits 0x%x", fn, d->flags & ~(unsigned)ALL_FLAGS);
-  if ((d->flags & NORMA_BN_RELU) && (d->flags & NORMA_BN_ADD_RELU))
-    return fail(bad, "%s: d->flags sets both NORMA_BN_RELU and NORMA_BN_ADD_RELU", fn);
-  int64_t m, total, bytes;
-  if (__builtin_mul_overflow(d->n, d->spatial, &m) || __builtin_mul_overflow(m, d->c, &total) ||
-      __builtin_mul_overflow(total, (int64_t)dtype_size(d->dtype), &bytes) ||
-      (uint64_t)bytes > (uint64_t)PTRDIFF_MAX || (uint64_t)bytes > (uint64_t)SIZE_MAX)
-    return fail(bad, "%s: tensor size overflows (n = %lld, c = %lld, spatial = %lld)", fn,
-                (long long)d->n, (long long)d->c, (long long)d->spatial);
-  ls->total = total;
-  ls->tbytes = (size_t)bytes;
-  ls->pbytes = (size_t)d->c * param_size(d->dtype);
-  ls->act = (d->flags & NORMA_BN_ADD_RELU) ? 2 : (d->flags & NORMA_BN_RELU) ? 1 : 0;
+  bn_problem p;
+  TRY(mirror(bn_check_desc(fn, d, 0, 0, &p))); /* n == 0 allowed: an empty local batch */
+  ls->total = p.total;
+  ls->tbytes = (size_t)p.total * p.esize;
+  ls->pbytes = (size_t)p.c * norma__param_size(p.dt);
+  ls->act = p.act == BN_ACT_ADD_RELU ? 2 : p.act == BN_ACT_RELU ? 1 : 0;
   return NORMA_OK;
 }
 
 static norma_status require(const char *fn, const char *name, const void *p) {
-  if (p) return NORMA_OK;
-  return fail(NORMA_ERR_INVALID_ARGUMENT, "%s: %s must not be NULL", fn, name);
+  return mirror(bn_require(fn, name, p));
 }
 
-enum { R_TENSOR_IN, R_TENSOR_OUT, R_PARAM_IN, R_PARAM_OUT };
-typedef struct region {
-  const char *name;
-  const void *ptr;
-  size_t bytes;
-  int kind;
-} region;
-
-static int is_output(int kind) { return kind == R_TENSOR_OUT || kind == R_PARAM_OUT; }
+#define R_TENSOR_IN REGION_TENSOR_IN
+#define R_TENSOR_OUT REGION_TENSOR_OUT
+#define R_PARAM_IN REGION_PARAM_IN
+#define R_PARAM_OUT REGION_PARAM_OUT
+typedef bn_region region;
 
 /* An output may only alias an input tensor exactly (in place); any other overlap is rejected. */
 static norma_status check_overlaps(const char *fn, const region *r, int count) {
-  for (int i = 0; i < count; i++) {
-    if (!r[i].ptr || !r[i].bytes) continue;
-    for (int j = i + 1; j < count; j++) {
-      if (!r[j].ptr || !r[j].bytes) continue;
-      if (!is_output(r[i].kind) && !is_output(r[j].kind)) continue;
-      uintptr_t a0 = (uintptr_t)r[i].ptr, a1 = a0 + r[i].bytes;
-      uintptr_t b0 = (uintptr_t)r[j].ptr, b1 = b0 + r[j].bytes;
-      if (a1 <= b0 || b1 <= a0) continue;
-      int in_place = a0 == b0 && a1 == b1 &&
-                     ((r[i].kind == R_TENSOR_OUT && r[j].kind == R_TENSOR_IN) ||
-                      (r[i].kind == R_TENSOR_IN && r[j].kind == R_TENSOR_OUT));
-      if (in_place) continue;
-      return fail(NORMA_ERR_INVALID_ARGUMENT,
-                  "%s: %s (%p) overlaps %s (%p); an output may only alias an input tensor "
-                  "exactly (in place)", fn, r[i].name, r[i].ptr, r[j].name, r[j].ptr);
-    }
-  }
-  return NORMA_OK;
-}
-
-/* NORMA_CHECK_FINITE: all of this rank's inputs are scanned before the exchange (so that a
-   NaN on one rank fails every rank), and the split calls then run without the flag. */
-static int64_t first_nonfinite(norma_dtype t, const void *ptr, int64_t count) {
-  if (t == NORMA_F64) {
-    const uint64_t *u = ptr;
-    for (int64_t i = 0; i < count; i++)
-      if ((u[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) return i;
-  } else if (t == NORMA_F32) {
-    const uint32_t *u = ptr;
-    for (int64_t i = 0; i < count; i++)
-      if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
-  } else {
-    const uint16_t *u = ptr;
-    const uint16_t e = t == NORMA_F16 ? 0x7c00u : 0x7f80u;
-    for (int64_t i = 0; i < count; i++)
-      if ((u[i] & e) == e) return i;
-  }
-  return -1;
+  return mirror(bn_check_overlaps(fn, r, count));
 }
 
 static norma_status check_finite(const char *fn, const char *name, norma_dtype t,
                                  const void *ptr, int64_t count) {
-  if (!ptr) return NORMA_OK;
-  int64_t i = first_nonfinite(t, ptr, count);
-  if (i < 0) return NORMA_OK;
-  return fail(NORMA_ERR_NONFINITE, "%s: %s[%lld] is not finite", fn, name, (long long)i);
+  return mirror(bn_check_finite(fn, name, t, ptr, count));
 }
 
 static norma_status check_finite_param(const char *fn, const char *name, norma_dtype t,
                                        const void *ptr, int64_t c) {
-  return check_finite(fn, name, t == NORMA_F64 ? NORMA_F64 : NORMA_F32, ptr, c);
+  return mirror(bn_check_finite_param(fn, name, t, ptr, c));
 }
 
 static double param_at(norma_dtype t, const void *p, int64_t i) {
@@ -691,7 +625,7 @@ norma_status norma_bn_forward_training_mpi(MPI_Comm comm, const norma_bn_desc *d
   const double *gmean = rec_cdata(b.acc), *gm2 = gmean + c;
   double *mean_out = b.work, *invstd_out = b.work + c;
   void *outs[4] = {save_mean, save_invstd, running_mean, running_var};
-  const size_t pbytes = (size_t)c * param_size(d->dtype);
+  const size_t pbytes = (size_t)c * norma__param_size(d->dtype);
   for (int k = 0; k < 4; k++)
     if (outs[k]) memcpy(b.work + (2 + k) * c, outs[k], pbytes);
   for (int64_t i = 0; i < c; i++) b.counts[i] = h->count;
