@@ -48,8 +48,9 @@ PCDIR=$(dirname "$PCFILE")
 FLAGS=$(PKG_CONFIG_PATH="$PCDIR" pkg-config --cflags --libs norma)
 echo "pkg-config --cflags --libs norma: $FLAGS"
 PCPREFIX=$(PKG_CONFIG_PATH="$PCDIR" pkg-config --variable=prefix norma)
-if [ "$PCPREFIX" != "$PREFIX" ]; then
-  echo "run.sh: warning: norma.pc says prefix=$PCPREFIX, installed under $PREFIX" >&2
+if [ "$(realpath -m "$PCPREFIX")" != "$(realpath -m "$PREFIX")" ]; then
+  echo "run.sh: norma.pc says prefix=$PCPREFIX, installed under $PREFIX" >&2
+  exit 1
 fi
 # shellcheck disable=SC2086 # FLAGS is a list of words
 "$CC" "$HERE/main.c" $FLAGS -o "$WORK/consumer-pc"
