@@ -320,27 +320,28 @@ AI void fwd_run(const void *x, const void *res, void *y, int64_t len, const void
 
 AI void fwd_rows(const void *x, const void *res, void *y, int64_t rows, int64_t ld, int64_t nc,
                  const void *cv, int64_t cs, int act, const int dt) {
-  const float *c = cv;
+  const float *mhi = (const float *)cv + C_MHI * cs, *sc = (const float *)cv + C_SCALE * cs,
+              *sh = (const float *)cv + C_SHIFT * cs;
   const int nt = act & BN_STORE_NT;
   act &= BN_ACT_MASK;
-  /* blocks of 4 rows: memory still streams row by row (4 rows at a time), and each channel
-     group's constants are loaded once per block.  With streaming stores, one row at a time:
-     they must fill whole lines in order, or the write-combining buffers flush partial lines
-     (measured: 3x slower) */
-  const int64_t rb = nt ? 1 : 4;
-  for (int64_t r0 = 0; r0 < rows; r0 += rb) {
-    const int64_t r1 = r0 + rb < rows ? r0 + rb : rows;
-    for (int64_t j = 0; j < nc; j += 8) {
-      const int n = (int)(nc - j < 8 ? nc - j : 8);
-      const __m256 mhi = ldk(c + C_MHI * cs + j, n), sc = ldk(c + C_SCALE * cs + j, n),
-                   sh = ldk(c + C_SHIFT * cs + j, n);
-      for (int64_t r = r0; r < r1; r++) {
-        const int64_t e = r * ld + j;
-        __m256 v = n == 8 ? ld8(x, e, dt) : ld_part(x, e, n, dt);
-        v = act8(_mm256_fmadd_ps(_mm256_sub_ps(v, mhi), sc, sh), res, e, n, act, dt);
-        if (n == 8) st8s(y, e, v, dt, nt);
-        else st_part(y, e, v, n, dt);
-      }
+  const size_t es = dt == S_F32 ? 4 : 2;
+  const int64_t full = nc / 8 * 8;
+  const int tail = (int)(nc - full);
+  /* row by row, in memory order (streaming stores fill whole lines); the constants come from
+     L1.  Each row gets its own base pointers so the loop keeps its state in registers. */
+  for (int64_t r = 0; r < rows; r++) {
+    const char *xr = (const char *)x + (size_t)(r * ld) * es;
+    const char *rr = res ? (const char *)res + (size_t)(r * ld) * es : NULL;
+    char *yr = (char *)y + (size_t)(r * ld) * es;
+    for (int64_t j = 0; j < full; j += 8) {
+      __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ld8(xr, j, dt), _mm256_loadu_ps(mhi + j)),
+                                 _mm256_loadu_ps(sc + j), _mm256_loadu_ps(sh + j));
+      st8s(yr, j, act8(v, rr, j, 8, act, dt), dt, nt);
+    }
+    if (tail) {
+      __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ld_part(xr, full, tail, dt), ldk(mhi + full, tail)),
+                                 ldk(sc + full, tail), ldk(sh + full, tail));
+      st_part(yr, full, act8(v, rr, full, tail, act, dt), tail, dt);
     }
   }
 }
@@ -446,29 +447,29 @@ AI void bwd_run(const void *v, const void *y, const void *dy, void *dx, void *dr
 AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *dres, int64_t rows,
                  int64_t ld, int64_t nc, const void *cv, int64_t cs, int act, const int dt) {
   const float *c = cv;
+  const float *ca = c + C_A * cs, *cb = c + C_B * cs, *cc = c + C_C * cs, *cg = c + C_GM * cs,
+              *cda = c + C_DA * cs, *cdb = c + C_DB * cs, *cdd = c + C_DD * cs;
   const int nt = act & BN_STORE_NT;
   act &= BN_ACT_MASK;
-  const int64_t rb = nt ? 1 : 4; /* as in fwd_rows */
-  for (int64_t r0 = 0; r0 < rows; r0 += rb) {
-    const int64_t r1 = r0 + rb < rows ? r0 + rb : rows;
+  const size_t es = dt == S_F32 ? 4 : 2;
+  /* row by row, as fwd_rows: per-row base pointers, constants from L1 */
+  for (int64_t r = 0; r < rows; r++) {
+    const size_t off = (size_t)(r * ld) * es;
+    const char *vr = (const char *)v + off, *dyr = (const char *)dy + off;
+    const char *yr = y ? (const char *)y + off : NULL;
+    char *dxr = (char *)dx + off, *drr = dres ? (char *)dres + off : NULL;
     for (int64_t j = 0; j < nc; j += 8) {
       const int n = (int)(nc - j < 8 ? nc - j : 8);
-      const __m256 a = ldk(c + C_A * cs + j, n), b = ldk(c + C_B * cs + j, n),
-                   cc = ldk(c + C_C * cs + j, n), gm = ldk(c + C_GM * cs + j, n),
-                   da = ldk(c + C_DA * cs + j, n), db = ldk(c + C_DB * cs + j, n),
-                   dd = ldk(c + C_DD * cs + j, n);
-      for (int64_t r = r0; r < r1; r++) {
-        const int64_t e = r * ld + j;
-        __m256 g = masked_dy(y, dy, e, n, act, dt);
-        __m256 xv = n == 8 ? ld8(v, e, dt) : ld_part(v, e, n, dt);
-        __m256 o = dx8(g, xv, a, b, cc, gm, da, db, dd);
-        if (n == 8) {
-          if (dres) st8s(dres, e, g, dt, nt);
-          st8s(dx, e, o, dt, nt);
-        } else {
-          if (dres) st_part(dres, e, g, n, dt);
-          st_part(dx, e, o, n, dt);
-        }
+      __m256 g = masked_dy(yr, dyr, j, n, act, dt);
+      __m256 xv = n == 8 ? ld8(vr, j, dt) : ld_part(vr, j, n, dt);
+      __m256 o = dx8(g, xv, ldk(ca + j, n), ldk(cb + j, n), ldk(cc + j, n), ldk(cg + j, n),
+                     ldk(cda + j, n), ldk(cdb + j, n), ldk(cdd + j, n));
+      if (n == 8) {
+        if (drr) st8s(drr, j, g, dt, nt);
+        st8s(dxr, j, o, dt, nt);
+      } else {
+        if (drr) st_part(drr, j, g, n, dt);
+        st_part(dxr, j, o, n, dt);
       }
     }
   }
