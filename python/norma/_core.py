@@ -398,6 +398,16 @@ def invoker(name, *leading):
     return invoke
 
 
+def _residual_in(residual, relu, X):
+    """The residual of the fused add+ReLU, prepared like X, and whether it is used."""
+    if residual is None:
+        return None, False
+    if not relu:
+        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
+                         "(norma has no add-without-ReLU fusion)")
+    return prepare_like(residual, X, "residual"), True
+
+
 def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_mean=None,
                           running_var=None, momentum=0.1, layout=None, relu=False,
                           residual=None, biased_running_var=False, check_finite=False):
@@ -405,11 +415,7 @@ def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_me
     save_invstd, running_mean, running_var, momentum)` (norma_bn_forward_training's arguments;
     norma.mpi passes the synchronized call)."""
     X = prepare(x, layout)
-    add_relu = residual is not None
-    if add_relu and not relu:
-        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
-                         "(norma has no add-without-ReLU fusion)")
-    R = prepare_like(residual, X, "residual") if add_relu else None
+    R, add_relu = _residual_in(residual, relu, X)
     flags = _flags(relu and not add_relu, add_relu, biased_running_var, check_finite)
     g = param_in(gamma, X, "gamma")
     b = param_in(beta, X, "beta")
@@ -436,11 +442,7 @@ def batch_norm_inference(x, mean, var, gamma=None, beta=None, eps=1e-5, layout=N
     X = prepare(x, layout)
     if mean is None or var is None:
         raise ValueError("batch_norm_inference needs mean and var (e.g. the running statistics)")
-    add_relu = residual is not None
-    if add_relu and not relu:
-        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
-                         "(norma has no add-without-ReLU fusion)")
-    R = prepare_like(residual, X, "residual") if add_relu else None
+    R, add_relu = _residual_in(residual, relu, X)
     flags = _flags(relu and not add_relu, add_relu, False, check_finite)
     g = param_in(gamma, X, "gamma")
     b = param_in(beta, X, "beta")

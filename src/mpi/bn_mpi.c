@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "impl.h"
 #include "internal.h"
 #include "norma_mpi.h"
 
@@ -774,8 +775,7 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
   if (!global_stats && !h->from_y) {
     sx = b.work + 2 * c;
     for (int64_t j = 0; j < c; j++) {
-      const double o = sdy[2 * c + j] / (double)count;
-      sx[j] = (o <= 0.0625 && o >= -0.0625) ? sdy[2 * c + j] : 0.0;
+      sx[j] = bn_xhat_offset(sdy[2 * c + j], (double)count) != 0.0 ? sdy[2 * c + j] : 0.0;
     }
   }
   norma_status st;
