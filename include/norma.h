@@ -87,16 +87,20 @@ NORMA_API int norma_get_num_threads(void);
 
 typedef enum norma_isa {
   NORMA_ISA_SCALAR = 0, /* portable C kernels (compiler-vectorized for the baseline target) */
-  NORMA_ISA_AVX2 = 1    /* x86-64 AVX2 + FMA + F16C kernels */
+  NORMA_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C kernels */
+  NORMA_ISA_AVX512 = 2  /* x86-64 AVX-512 F/BW/VL/DQ kernels (16 lanes, masked tails) */
 } norma_isa;
 
 /* Caps the instruction set the kernels may use at `isa` (the best one the CPU supports at or
-   below it is chosen).  The environment variable NORMA_MAX_ISA=scalar|avx2 sets the initial
-   cap.  Returns NORMA_ERR_INVALID_ARGUMENT for an unknown value. */
+   below it is chosen).  The environment variable NORMA_MAX_ISA=scalar|avx2|avx512 sets the
+   initial cap.  Returns NORMA_ERR_INVALID_ARGUMENT for an unknown value.
+   The vector kernels of every ISA share one accumulation structure (value i of a run in lane
+   i % 32, each channel-last column summed down its rows), so AVX2 and AVX-512 give bitwise
+   identical results; the portable kernels differ from them in the last bits (no FMA). */
 NORMA_API norma_status norma_set_max_isa(norma_isa isa);
 /* The instruction set the kernels use now. */
 NORMA_API norma_isa norma_get_isa(void);
-/* "scalar" or "avx2". */
+/* "scalar", "avx2" or "avx512". */
 NORMA_API const char *norma_isa_name(norma_isa isa);
 
 /* on != 0: every call runs the reference kernels (plain scalar C, double accumulation), the
@@ -121,7 +125,11 @@ enum {
   NORMA_BN_ADD_RELU = 1u << 1,           /* y = max(0, bn(x) + residual) */
   NORMA_BN_BIASED_RUNNING_VAR = 1u << 2, /* running_var from the biased batch variance (ONNX) */
   NORMA_CHECK_FINITE = 1u << 3,          /* scan inputs first; NaN/Inf -> NORMA_ERR_NONFINITE */
-  NORMA_BN_GLOBAL_STATS = 1u << 4        /* backward: save_mean/save_invstd are constants (frozen BN) */
+  NORMA_BN_GLOBAL_STATS = 1u << 4,       /* backward: save_mean/save_invstd are constants (frozen BN) */
+  NORMA_SILU = 1u << 5,                  /* GroupNorm / InstanceNorm: y = z * sigmoid(z) */
+  NORMA_BN_COUNT_WEIGHTED = 1u << 6,     /* running statistics weighted by batch sizes (see
+                                            norma_bn_running_update) */
+  NORMA_RELU = NORMA_BN_RELU             /* the norm family's spelling of the ReLU flag */
 };
 
 typedef struct norma_bn_desc {
@@ -225,6 +233,41 @@ NORMA_API norma_status norma_bn_backward(const norma_bn_desc *d,
     const void *x, const void *y, const void *dy,
     const void *gamma, const void *beta, const void *save_mean, const void *save_invstd,
     void *dx, void *dresidual, void *dgamma, void *dbeta);
+
+/*
+ * Running statistics weighted by batch sizes.  PyTorch's update gives every batch the same
+ * weight; when local batches differ in size (uneven shards, a last short batch, SyncBN with
+ * empty ranks) a count-weighted average keeps the estimate unbiased.  With momentum u, batch
+ * count B (values per channel: n * spatial, summed over ranks for SyncBN), batch mean mu and
+ * batch variance v (unbiased: v * B / (B - 1), or biased with NORMA_BN_BIASED_RUNNING_VAR):
+ *
+ *   without NORMA_BN_COUNT_WEIGHTED (PyTorch):  r = (1 - u) * r + u * batch
+ *   with it:  N' = (1 - u) * N + u * B
+ *             r  = ((1 - u) * N * r + u * B * batch) / N'     (r unchanged when N' == 0)
+ *             N  = N'
+ *
+ * N is the running count the caller keeps (one double for the layer, start it at 0: the first
+ * batch then sets the statistics).  With a constant B this is PyTorch's rule once N has
+ * reached B.
+ *
+ * norma_bn_running_update applies the rule to given batch statistics (the one implementation
+ * of it: the training forward, the split API and libnorma_mpi all call it).  d->c, d->dtype
+ * and d->flags are read.  count >= 2; mean, var [c] double (var biased: m2 / count);
+ * running_mean, running_var [c] in the parameter type, each may be NULL; running_count is
+ * required with NORMA_BN_COUNT_WEIGHTED (ignored without it); momentum in [0, 1].
+ */
+NORMA_API norma_status norma_bn_running_update(const norma_bn_desc *d, int64_t count,
+    const double *mean, const double *var, void *running_mean, void *running_var,
+    double *running_count, double momentum);
+
+/* norma_bn_forward_training with NORMA_BN_COUNT_WEIGHTED available: running_count as in
+   norma_bn_running_update (required with the flag when a running statistic is given).
+   norma_bn_forward_training itself rejects the flag when running statistics are given, as it
+   has no running count. */
+NORMA_API norma_status norma_bn_forward_training_counted(const norma_bn_desc *d,
+    const void *x, const void *residual, const void *gamma, const void *beta,
+    void *y, void *save_mean, void *save_invstd,
+    void *running_mean, void *running_var, double *running_count, double momentum);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Plan introspection                                                                         */
@@ -368,6 +411,153 @@ NORMA_API norma_status norma_bn_backward_apply(const norma_bn_desc *d, const voi
 NORMA_API norma_status norma_bn_param_grads(const norma_bn_desc *d, const double *sum_dy,
     const double *sum_dy_xhat, const double *sum_xhat, int64_t count, void *dgamma,
     void *dbeta);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The norm family: LayerNorm, RMSNorm, GroupNorm, InstanceNorm                                */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * BatchNorm's conventions hold: a descriptor, a status, nothing written on error, statistics
+ * saved for the backward, f32 / f64 / f16 / bf16 storage with f32-or-wider math (parameters
+ * and statistics are double for F64, float otherwise), bitwise identical results for any
+ * thread count, exact in-place aliasing allowed (y == x, dx == dy, dx == x, sum == x or
+ * residual), any other overlap rejected, NORMA_CHECK_FINITE scans the inputs.
+ *
+ * Statistics are computed as BatchNorm's are (anchored block sums: no cancellation on data
+ * whose mean is large against its spread), invstd = 1 / sqrt(var + eps) with eps inside the
+ * square root, and 0 when var == eps == 0.  The backward removes the offset that rounding
+ * save_mean to the parameter type leaves in x_hat, as BatchNorm's does.
+ */
+
+/* LayerNorm and RMSNorm over the trailing d values of each of `rows` rows (a [rows, d] tensor,
+   rows = the product of the leading dimensions, d = the product of normalized_shape). */
+typedef struct norma_ln_desc {
+  int64_t rows;       /* >= 1 */
+  int64_t d;          /* >= 1 */
+  norma_dtype dtype;  /* storage type of x, residual, y, sum, dy, dsum, dx */
+  double eps;         /* >= 0, finite */
+  unsigned flags;     /* NORMA_CHECK_FINITE */
+} norma_ln_desc;
+
+/*
+ * LayerNorm forward, optionally fused with the residual add of a pre-norm transformer block:
+ *
+ *   h      = x + residual (rounded to the storage type) when residual != NULL, else x
+ *   mean_r = (1/d) sum_j h[r, j],  var_r = (1/d) sum_j (h[r, j] - mean_r)^2
+ *   y[r,j] = (h[r, j] - mean_r) * invstd_r * gamma[j] + beta[j]
+ *
+ * x, y         [rows, d] required; y may be x.
+ * residual     [rows, d] or NULL.
+ * sum          [rows, d] receives h when residual is given (may be NULL, x or residual: the
+ *              residual stream updated in place); ignored without residual.
+ * gamma, beta  [d] NULL means 1 and 0.
+ * save_mean, save_invstd [rows] may be NULL.
+ * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
+ */
+NORMA_API norma_status norma_ln_forward(const norma_ln_desc *d, const void *x,
+    const void *residual, const void *gamma, const void *beta, void *y, void *sum,
+    void *save_mean, void *save_invstd);
+
+/*
+ * LayerNorm backward.  x_hat = (x - save_mean) * save_invstd per row, g = gamma * dy:
+ *
+ *   dx[r,j]   = invstd_r * (g - mean_j(g) - x_hat * mean_j(g * x_hat)) + dsum[r, j]
+ *   dgamma[j] = sum_r dy * x_hat,   dbeta[j] = sum_r dy
+ *
+ * x            [rows, d] the normalized input (h when the forward fused a residual); required.
+ * dy           [rows, d] required.
+ * dsum         [rows, d] or NULL: the gradient reaching h from its other uses (the residual
+ *              stream), added to dx.  dx is then the gradient of both x and residual.
+ * gamma        [d] NULL means 1.
+ * save_mean, save_invstd [rows] required (from norma_ln_forward).
+ * dx           [rows, d] required; may alias dy, x or dsum.
+ * dgamma, dbeta [d] may be NULL.
+ */
+NORMA_API norma_status norma_ln_backward(const norma_ln_desc *d, const void *x, const void *dy,
+    const void *dsum, const void *gamma, const void *save_mean, const void *save_invstd,
+    void *dx, void *dgamma, void *dbeta);
+
+/*
+ * RMSNorm (torch.nn.RMSNorm of PyTorch 2.4+): no mean, no beta.
+ *   h = x (+ residual),  invrms_r = 1 / sqrt((1/d) sum_j h[r, j]^2 + eps),
+ *   y[r, j] = h[r, j] * invrms_r * gamma[j]
+ * Arguments as norma_ln_forward's; save_invrms [rows] may be NULL.  invrms is 0 for an
+ * all-zero row with eps == 0 (y = 0).
+ */
+NORMA_API norma_status norma_rms_forward(const norma_ln_desc *d, const void *x,
+    const void *residual, const void *gamma, void *y, void *sum, void *save_invrms);
+
+/*
+ * RMSNorm backward.  x_hat = x * invrms_r, g = gamma * dy:
+ *   dx = invrms_r * (g - x_hat * mean_j(g * x_hat)) + dsum,   dgamma[j] = sum_r dy * x_hat
+ * Arguments as norma_ln_backward's; save_invrms [rows] required; dgamma may be NULL.
+ */
+NORMA_API norma_status norma_rms_backward(const norma_ln_desc *d, const void *x, const void *dy,
+    const void *dsum, const void *gamma, const void *save_invrms, void *dx, void *dgamma);
+
+/* GroupNorm: the c channels of each sample form `groups` groups of c / groups adjacent
+   channels; each (sample, group) is normalized over its channels and spatial positions.  The
+   affine is per channel. */
+typedef struct norma_gn_desc {
+  int64_t n, c, spatial; /* >= 1 each; spatial = product of spatial dims, 1 for [N, C] */
+  int64_t groups;        /* >= 1, divides c */
+  norma_layout layout;
+  norma_dtype dtype;
+  double eps;
+  unsigned flags;        /* NORMA_RELU or NORMA_SILU (fused activation), NORMA_CHECK_FINITE */
+} norma_gn_desc;
+
+/*
+ * GroupNorm forward:  z = (x - mean_ng) * invstd_ng * gamma[c] + beta[c];  y = act(z)
+ * with act the identity, max(0, z) (NORMA_RELU) or z * sigmoid(z) (NORMA_SILU).
+ * x, y [tensor] required (y may be x); gamma, beta [c] NULL mean 1 and 0;
+ * save_mean, save_invstd [n * groups] (index sample * groups + group), may be NULL.
+ */
+NORMA_API norma_status norma_gn_forward(const norma_gn_desc *d, const void *x,
+    const void *gamma, const void *beta, void *y, void *save_mean, void *save_invstd);
+
+/*
+ * GroupNorm backward.  g = dy times the activation's derivative: masked by y > 0 with
+ * NORMA_RELU (y required), times silu'(z) with NORMA_SILU (z recomputed from x, the saved
+ * statistics, gamma and beta; y not needed).  With x_hat = (x - mean) * invstd, G = the group,
+ * k = gamma[c] * g:
+ *   dx = invstd * (k - mean_G(k) - x_hat * mean_G(k * x_hat))
+ *   dgamma[c] = sum over samples and positions of g * x_hat,  dbeta[c] = sum g
+ * x, dy, save_mean, save_invstd, dx required; dx may alias dy or x; dgamma, dbeta may be NULL.
+ */
+NORMA_API norma_status norma_gn_backward(const norma_gn_desc *d, const void *x, const void *y,
+    const void *dy, const void *gamma, const void *beta, const void *save_mean,
+    const void *save_invstd, void *dx, void *dgamma, void *dbeta);
+
+/* InstanceNorm: every (sample, channel) normalized over its spatial positions (GroupNorm with
+   groups == c), with PyTorch's optional running statistics. */
+typedef struct norma_in_desc {
+  int64_t n, c, spatial; /* >= 1 each; spatial >= 2 for the training forward */
+  norma_layout layout;
+  norma_dtype dtype;
+  double eps;
+  unsigned flags; /* NORMA_RELU, NORMA_SILU, NORMA_BN_BIASED_RUNNING_VAR, NORMA_CHECK_FINITE */
+} norma_in_desc;
+
+/*
+ * InstanceNorm with the statistics of each instance (training, and the evaluation of a layer
+ * without running statistics).  save_mean, save_invstd [n * c] (index sample * c + channel),
+ * may be NULL.  running_mean / running_var [c] (each may be NULL) are updated as PyTorch does:
+ * with the average over the batch of the instances' means and unbiased variances
+ * (r = (1 - momentum) * r + momentum * mean_n(batch statistic)).
+ */
+NORMA_API norma_status norma_in_forward_training(const norma_in_desc *d, const void *x,
+    const void *gamma, const void *beta, void *y, void *save_mean, void *save_invstd,
+    void *running_mean, void *running_var, double momentum);
+
+/* InstanceNorm with given per-channel statistics (a layer with track_running_stats in eval
+   mode): y = act((x - mean[c]) / sqrt(var[c] + eps) * gamma[c] + beta[c]). */
+NORMA_API norma_status norma_in_forward_inference(const norma_in_desc *d, const void *x,
+    const void *gamma, const void *beta, const void *mean, const void *var, void *y);
+
+/* InstanceNorm backward: norma_gn_backward with groups == c; save_* [n * c]. */
+NORMA_API norma_status norma_in_backward(const norma_in_desc *d, const void *x, const void *y,
+    const void *dy, const void *gamma, const void *beta, const void *save_mean,
+    const void *save_invstd, void *dx, void *dgamma, void *dbeta);
 
 #ifdef __cplusplus
 }
