@@ -71,15 +71,16 @@ static void isa_init(void) {
 #endif
   if ((int)g_cap < 0) {
     const char *e = getenv("NORMA_MAX_ISA");
-    g_cap = NORMA_ISA_AVX2;
+    g_cap = NORMA_ISA_AVX512;
     if (e && strcmp(e, "scalar") == 0) g_cap = NORMA_ISA_SCALAR;
+    if (e && strcmp(e, "avx2") == 0) g_cap = NORMA_ISA_AVX2;
   }
 }
 
 norma_status norma_set_max_isa(norma_isa isa) {
-  if (isa != NORMA_ISA_SCALAR && isa != NORMA_ISA_AVX2)
+  if (isa != NORMA_ISA_SCALAR && isa != NORMA_ISA_AVX2 && isa != NORMA_ISA_AVX512)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "norma_set_max_isa: isa must be "
-                       "NORMA_ISA_SCALAR or NORMA_ISA_AVX2 (got %d)", (int)isa);
+                       "NORMA_ISA_SCALAR, NORMA_ISA_AVX2 or NORMA_ISA_AVX512 (got %d)", (int)isa);
   isa_init();
   g_cap = isa;
   return NORMA_OK;
@@ -96,6 +97,7 @@ const char *norma_isa_name(norma_isa isa) {
   switch (isa) {
     case NORMA_ISA_SCALAR: return "scalar";
     case NORMA_ISA_AVX2: return "avx2";
+    case NORMA_ISA_AVX512: return "avx512";
   }
   return "unknown";
 }
