@@ -368,7 +368,9 @@ NORMA_API norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, doubl
    biased one with NORMA_BN_BIASED_RUNNING_VAR in d->flags).  Only d->c, d->dtype, d->eps and
    d->flags are read.  Every count must be >= 2 (else NORMA_ERR_INVALID_ARGUMENT naming the
    channel).  save_mean / save_invstd (parameter type, may be NULL) receive mean and invstd
-   rounded to it, as the training forward writes them. */
+   rounded to it, as the training forward writes them.  With NORMA_BN_COUNT_WEIGHTED the
+   running statistics must be NULL here (rejected otherwise): update them with
+   norma_bn_running_update, which takes the running count. */
 NORMA_API norma_status norma_bn_stats_from_moments(const norma_bn_desc *d, const int64_t *count,
     const double *mean, const double *m2, double *mean_out, double *invstd_out,
     void *save_mean, void *save_invstd, void *running_mean, void *running_var, double momentum);

@@ -15,21 +15,103 @@
 static size_t tbytes(const bn_problem *p) { return (size_t)p->total * p->esize; }
 static size_t pbytes(const bn_problem *p) { return (size_t)p->c * norma__param_size(p->dt); }
 
+static norma_status forward_training(const char *fn, const norma_bn_desc *d, const void *x,
+                                     const void *residual, const void *gamma, const void *beta,
+                                     void *y, void *save_mean, void *save_invstd,
+                                     void *running_mean, void *running_var,
+                                     double *running_count, double momentum, int counted);
+
 norma_status norma_bn_forward_training(const norma_bn_desc *d, const void *x,
                                        const void *residual, const void *gamma,
                                        const void *beta, void *y, void *save_mean,
                                        void *save_invstd, void *running_mean, void *running_var,
                                        double momentum) {
-  static const char fn[] = "norma_bn_forward_training";
+  return forward_training("norma_bn_forward_training", d, x, residual, gamma, beta, y, save_mean,
+                          save_invstd, running_mean, running_var, NULL, momentum, 0);
+}
+
+norma_status norma_bn_forward_training_counted(const norma_bn_desc *d, const void *x,
+                                               const void *residual, const void *gamma,
+                                               const void *beta, void *y, void *save_mean,
+                                               void *save_invstd, void *running_mean,
+                                               void *running_var, double *running_count,
+                                               double momentum) {
+  return forward_training("norma_bn_forward_training_counted", d, x, residual, gamma, beta, y,
+                          save_mean, save_invstd, running_mean, running_var, running_count,
+                          momentum, 1);
+}
+
+/* Checks of the running-statistics arguments shared by the training calls and
+   norma_bn_running_update. */
+static norma_status check_running(const char *fn, const bn_problem *p, const void *running_mean,
+                                  const void *running_var, const double *running_count,
+                                  double momentum, int counted) {
+  if (!running_mean && !running_var) return NORMA_OK;
+  if (!(momentum >= 0.0 && momentum <= 1.0))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: momentum must be in [0, 1] (got %g)", fn,
+                       momentum);
+  if (!(p->flags & NORMA_BN_COUNT_WEIGHTED)) return NORMA_OK;
+  if (!counted)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: NORMA_BN_COUNT_WEIGHTED needs the running "
+                       "count: call norma_bn_forward_training_counted", fn);
+  TRY(bn_require(fn, "running_count (required with NORMA_BN_COUNT_WEIGHTED)", running_count));
+  if (!(*running_count >= 0.0) || !isfinite(*running_count))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: *running_count must be finite and >= 0 "
+                       "(got %g)", fn, *running_count);
+  return NORMA_OK;
+}
+
+norma_status norma_bn_running_update(const norma_bn_desc *d, int64_t count, const double *mean,
+                                     const double *var, void *running_mean, void *running_var,
+                                     double *running_count, double momentum) {
+  static const char fn[] = "norma_bn_running_update";
+  bn_problem p;
+  TRY(bn_check_desc(fn, d, 0, 0, &p));
+  if (count < 2)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: count must be >= 2 (got %lld)", fn,
+                       (long long)count);
+  TRY(bn_require(fn, "mean", mean));
+  TRY(bn_require(fn, "var", var));
+  TRY(check_running(fn, &p, running_mean, running_var, running_count, momentum, 1));
+  const size_t db = (size_t)p.c * sizeof(double);
+  const bn_region r[] = {
+      {"mean", mean, db, REGION_PARAM_IN},
+      {"var", var, db, REGION_PARAM_IN},
+      {"running_mean", running_mean, pbytes(&p), REGION_PARAM_OUT},
+      {"running_var", running_var, pbytes(&p), REGION_PARAM_OUT},
+      {"running_count", (p.flags & NORMA_BN_COUNT_WEIGHTED) ? running_count : NULL,
+       sizeof(double), REGION_PARAM_OUT},
+  };
+  TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
+  if (p.flags & NORMA_CHECK_FINITE) {
+    TRY(bn_check_finite(fn, "mean", NORMA_F64, mean, p.c));
+    TRY(bn_check_finite(fn, "var", NORMA_F64, var, p.c));
+    TRY(bn_check_finite_param(fn, "running_mean", p.dt, running_mean, p.c));
+    TRY(bn_check_finite_param(fn, "running_var", p.dt, running_var, p.c));
+  }
+  if (!running_mean && !running_var) return NORMA_OK;
+  double n1 = 0.0;
+  const norm_running_rule run =
+      norm_running_rule_make(p.flags, momentum, (double)count, running_count, &n1);
+  for (int64_t j = 0; j < p.c; j++)
+    norm_running_apply(&run, p.dt, running_mean, running_var, j, mean[j], var[j], (double)count);
+  if (p.flags & NORMA_BN_COUNT_WEIGHTED) *running_count = n1;
+  return NORMA_OK;
+}
+
+static norma_status forward_training(const char *fn, const norma_bn_desc *d, const void *x,
+                                     const void *residual, const void *gamma, const void *beta,
+                                     void *y, void *save_mean, void *save_invstd,
+                                     void *running_mean, void *running_var,
+                                     double *running_count, double momentum, int counted) {
   bn_problem p;
   TRY(bn_check_desc(fn, d, 1, 1, &p));
   TRY(bn_require(fn, "x", x));
   TRY(bn_require(fn, "y", y));
   if (p.act != BN_ACT_ADD_RELU) residual = NULL;
   else TRY(bn_require(fn, "residual (required with NORMA_BN_ADD_RELU)", residual));
-  if ((running_mean || running_var) && !(momentum >= 0.0 && momentum <= 1.0))
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: momentum must be in [0, 1] (got %g)", fn,
-                       momentum);
+  TRY(check_running(fn, &p, running_mean, running_var, running_count, momentum, counted));
+  const int counting = (p.flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var);
   const bn_region r[] = {
       {"x", x, tbytes(&p), REGION_TENSOR_IN},
       {"residual", residual, tbytes(&p), REGION_TENSOR_IN},
@@ -40,6 +122,7 @@ norma_status norma_bn_forward_training(const norma_bn_desc *d, const void *x,
       {"save_invstd", save_invstd, pbytes(&p), REGION_PARAM_OUT},
       {"running_mean", running_mean, pbytes(&p), REGION_PARAM_OUT},
       {"running_var", running_var, pbytes(&p), REGION_PARAM_OUT},
+      {"running_count", counting ? running_count : NULL, sizeof(double), REGION_PARAM_OUT},
   };
   TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
   if (p.flags & NORMA_CHECK_FINITE) {
@@ -50,10 +133,13 @@ norma_status norma_bn_forward_training(const norma_bn_desc *d, const void *x,
     TRY(bn_check_finite_param(fn, "running_mean", p.dt, running_mean, p.c));
     TRY(bn_check_finite_param(fn, "running_var", p.dt, running_var, p.c));
   }
+  double n1 = 0.0;
+  const norm_running_rule run = norm_running_rule_make(p.flags, momentum, (double)p.m,
+                                                       counting ? running_count : NULL, &n1);
   const double t0 = bn_trace_begin();
   norma_status st = bn_impl_current()->fwd_training(&p, x, residual, gamma, beta, y, save_mean,
-                                                    save_invstd, running_mean, running_var,
-                                                    momentum);
+                                                    save_invstd, running_mean, running_var, &run);
+  if (st == NORMA_OK && counting) *running_count = n1;
   bn_trace_end("bn_forward_training", &p, t0, residual ? 3 : 2, st);
   return st;
 }

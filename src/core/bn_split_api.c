@@ -162,23 +162,20 @@ norma_status norma_bn_stats_from_moments(const norma_bn_desc *d, const int64_t *
       {"running_var", running_var, pb, REGION_PARAM_OUT},
   };
   TRY(bn_check_overlaps(fn, r, (int)(sizeof r / sizeof r[0])));
-  const int biased = (p.flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
+  if ((p.flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: NORMA_BN_COUNT_WEIGHTED needs the running "
+                       "count: pass running_mean = running_var = NULL here and call "
+                       "norma_bn_running_update", fn);
+  const norm_running_rule run = norm_running_rule_make(p.flags, momentum, 0.0, NULL, NULL);
   for (int64_t j = 0; j < p.c; j++) {
-    double cnt = (double)count[j], mu = mean[j];
-    double var = m2[j] > 0.0 ? m2[j] / cnt : 0.0;
-    double is = (var == 0.0 && p.eps == 0.0) ? 0.0 : 1.0 / sqrt(var + p.eps); /* as PyTorch */
+    const double cnt = (double)count[j], mu = mean[j];
+    const double var = m2[j] > 0.0 ? m2[j] / cnt : 0.0;
+    const double is = norm_invstd(var, p.eps);
     mean_out[j] = mu;
     invstd_out[j] = is;
     if (save_mean) norma__param_store(p.dt, save_mean, j, mu);
     if (save_invstd) norma__param_store(p.dt, save_invstd, j, is);
-    if (running_mean)
-      norma__param_store(p.dt, running_mean, j,
-                         (1.0 - momentum) * norma__param(p.dt, running_mean, j, 0) + momentum * mu);
-    if (running_var) {
-      double v = biased ? var : var * cnt / (cnt - 1.0);
-      norma__param_store(p.dt, running_var, j,
-                         (1.0 - momentum) * norma__param(p.dt, running_var, j, 0) + momentum * v);
-    }
+    norm_running_apply(&run, p.dt, running_mean, running_var, j, mu, var, cnt);
   }
   return NORMA_OK;
 }

@@ -13,7 +13,7 @@ norma_status bn_require(const char *fn, const char *name, const void *ptr) {
 
 #define ALL_FLAGS                                                                   \
   (NORMA_BN_RELU | NORMA_BN_ADD_RELU | NORMA_BN_BIASED_RUNNING_VAR |                 \
-   NORMA_CHECK_FINITE | NORMA_BN_GLOBAL_STATS)
+   NORMA_CHECK_FINITE | NORMA_BN_GLOBAL_STATS | NORMA_BN_COUNT_WEIGHTED)
 
 norma_status bn_check_desc(const char *fn, const norma_bn_desc *d, int64_t min_n, int training,
                            bn_problem *p) {

@@ -7,12 +7,13 @@
 #define NORMA_IMPL_H
 
 #include "internal.h"
+#include "norm_math.h"
 
 typedef struct bn_impl {
   norma_status (*fwd_training)(const bn_problem *p, const void *x, const void *res,
                                const void *gamma, const void *beta, void *y, void *save_mean,
                                void *save_invstd, void *running_mean, void *running_var,
-                               double momentum);
+                               const norm_running_rule *run);
   norma_status (*fwd_inference)(const bn_problem *p, const void *x, const void *res,
                                 const void *gamma, const void *beta, const void *mean,
                                 const void *var, void *y);
@@ -50,14 +51,9 @@ static inline const bn_impl *bn_impl_current(void) {
   return norma__use_reference() ? &bn_impl_ref : &bn_impl_cpu;
 }
 
-/* The backward removes the offset of x_hat, s = sum(x_hat) / m, that rounding the batch mean
-   to its storage type leaves (|s| is below ~1e-2 for f32 data with mean/std up to 1e6).  A
-   larger offset means save_mean is not the batch mean (statistics supplied by the caller):
-   then it is taken as given, as PyTorch does.  Shared by every implementation. */
-#define BN_MEAN_CORRECTION_MAX 0.0625
+/* the x_hat offset rule (norm_math.h), under the name libnorma_mpi uses */
 static inline double bn_xhat_offset(double sum_xhat, double count) {
-  double s = sum_xhat / count;
-  return (s <= BN_MEAN_CORRECTION_MAX && s >= -BN_MEAN_CORRECTION_MAX) ? s : 0.0;
+  return norm_xhat_offset(sum_xhat, count);
 }
 
 #endif

@@ -501,7 +501,7 @@ static void plan(job *jb) {
 }
 
 /* Plans, allocates scratch, runs.  Called by every operation. */
-static norma_status run(job *jb, void (*prepare)(job *)) {
+static norma_status run_job(job *jb, void (*prepare)(job *)) {
   const bn_problem *p = jb->p;
   plan(jb);
   size_t part_bytes = 0;
@@ -550,7 +550,7 @@ typedef struct fwd_ctx {
   const void *mean_in, *var_in;              /* inference */
   const double *mean_d, *invstd_d;           /* split apply */
   void *save_mean, *save_invstd, *rmean, *rvar; /* training outputs */
-  double momentum;
+  const norm_running_rule *run;
   double *mean_out, *m2_out;                 /* moments */
 } fwd_ctx;
 
@@ -575,33 +575,21 @@ static void set_fwd_consts(job *jb, int64_t ch, double mean, double mean_lo, dou
   cst_set(jb, C_SHIFT, ch, mlo == 0.0 ? b : b - mlo * scale); /* no 0 * Inf when var + eps == 0 */
 }
 
-/* a + b as an unevaluated sum hi + lo (Knuth's TwoSum): the mean of f64 data keeps the bits
-   below its last place, which matter when the mean is 1e8 times the spread */
-static inline void two_sum(double a, double b, double *hi, double *lo) {
-  const double s = a + b, bb = s - a;
-  *hi = s;
-  *lo = (a - (s - bb)) + (b - bb);
-}
-
 static void finalize_training(job *jb, int64_t j0, int64_t nc) {
   const fwd_ctx *cx = jb->ctx;
   const bn_problem *p = jb->p;
   const int64_t c = p->c;
-  const int biased = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
-  const double m = (double)p->m, im = 1.0 / m, mom = cx->momentum, eps = p->eps;
-  const double unbias = biased ? 1.0 : m / (m - 1.0);
+  const double m = (double)p->m, im = 1.0 / m, eps = p->eps;
   enum { CH = 64 };
   double mean[CH], mlo[CH], var[CH], is[CH];
   for (int64_t a = j0; a < j0 + nc; a += CH) {
     const int64_t b = a + CH < j0 + nc ? a + CH : j0 + nc;
-    /* 1/sqrt for a chunk of channels: a branch-free loop the compiler vectorizes.  As in
-       PyTorch, var == 0 with eps == 0 gives invstd 0 (y = beta), not Inf. */
+    /* 1/sqrt for a chunk of channels: a branch-free loop the compiler vectorizes */
     for (int64_t ch = a; ch < b; ch++) {
-      const double t1 = jb->tot[ch], t2 = jb->tot[c + ch], u = (t2 - t1 * (t1 * im)) * im;
-      const double v = u < 0.0 ? 0.0 : u; /* rounding can go below 0; NaN passes */
-      two_sum(jb->tot[2 * c + ch], t1 * im, &mean[ch - a], &mlo[ch - a]);
+      const double t1 = jb->tot[ch], t2 = jb->tot[c + ch], v = norm_var(t2 - t1 * (t1 * im), m);
+      norm_two_sum(jb->tot[2 * c + ch], t1 * im, &mean[ch - a], &mlo[ch - a]);
       var[ch - a] = v;
-      is[ch - a] = (v == 0.0 && eps == 0.0) ? 0.0 : 1.0 / sqrt(v + eps);
+      is[ch - a] = norm_invstd(v, eps);
     }
     for (int64_t ch = a; ch < b; ch++) {
       const double mu = mean[ch - a], iv = is[ch - a];
@@ -609,13 +597,7 @@ static void finalize_training(job *jb, int64_t j0, int64_t nc) {
                      norma__param(p->dt, cx->beta, ch, 0.0));
       if (cx->save_mean) norma__param_store(p->dt, cx->save_mean, ch, mu);
       if (cx->save_invstd) norma__param_store(p->dt, cx->save_invstd, ch, iv);
-      if (cx->rmean)
-        norma__param_store(p->dt, cx->rmean, ch,
-                           (1.0 - mom) * norma__param(p->dt, cx->rmean, ch, 0) + mom * mu);
-      if (cx->rvar)
-        norma__param_store(p->dt, cx->rvar, ch,
-                           (1.0 - mom) * norma__param(p->dt, cx->rvar, ch, 0) +
-                               mom * (var[ch - a] * unbias));
+      norm_running_apply(cx->run, p->dt, cx->rmean, cx->rvar, ch, mu, var[ch - a], m);
     }
   }
 }
@@ -623,12 +605,12 @@ static void finalize_training(job *jb, int64_t j0, int64_t nc) {
 static norma_status cpu_fwd_training(const bn_problem *p, const void *x, const void *res,
                                      const void *gamma, const void *beta, void *y,
                                      void *save_mean, void *save_invstd, void *running_mean,
-                                     void *running_var, double momentum) {
+                                     void *running_var, const norm_running_rule *run) {
   fwd_ctx cx = {.gamma = gamma, .beta = beta, .save_mean = save_mean, .save_invstd = save_invstd,
-                .rmean = running_mean, .rvar = running_var, .momentum = momentum};
+                .rmean = running_mean, .rvar = running_var, .run = run};
   job jb = {.p = p, .nsums = SUMS_STATS, .apply = 1, .x = x, .res = res, .out = y,
             .finalize = finalize_training, .ctx = &cx};
-  return run(&jb, NULL);
+  return run_job(&jb, NULL);
 }
 
 static void finalize_inference(job *jb, int64_t j0, int64_t nc) {
@@ -646,7 +628,7 @@ static norma_status cpu_fwd_inference(const bn_problem *p, const void *x, const 
   fwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_in = mean, .var_in = var};
   job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x, .res = res, .out = y,
             .finalize = finalize_inference, .ctx = &cx};
-  return run(&jb, NULL);
+  return run_job(&jb, NULL);
 }
 
 static void finalize_apply(job *jb, int64_t j0, int64_t nc) {
@@ -663,7 +645,7 @@ static norma_status cpu_fwd_apply(const bn_problem *p, const void *x, const void
   fwd_ctx cx = {.gamma = gamma, .beta = beta, .mean_d = mean, .invstd_d = invstd};
   job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x, .res = res, .out = y,
             .finalize = finalize_apply, .ctx = &cx};
-  return run(&jb, NULL);
+  return run_job(&jb, NULL);
 }
 
 static void finalize_moments(job *jb, int64_t j0, int64_t nc) {
@@ -675,7 +657,7 @@ static norma_status cpu_moments(const bn_problem *p, const void *x, double *mean
   fwd_ctx cx = {.mean_out = mean, .m2_out = m2};
   job jb = {.p = p, .nsums = SUMS_STATS, .apply = 0, .x = x, .finalize = finalize_moments,
             .ctx = &cx};
-  return run(&jb, NULL);
+  return run_job(&jb, NULL);
 }
 
 /* ---- backward --------------------------------------------------------------------------- */
@@ -747,7 +729,7 @@ static void finalize_backward(job *jb, int64_t j0, int64_t nc) {
   const int global = (p->flags & NORMA_BN_GLOBAL_STATS) != 0;
   for (int64_t ch = j0; ch < j0 + nc; ch++) {
     const double sg = jb->tot[ch], sgx = jb->tot[c + ch], sx = jb->tot[2 * c + ch];
-    const double s = (!cx->from_y && !global) ? bn_xhat_offset(sx, (double)p->m) : 0.0;
+    const double s = (!cx->from_y && !global) ? norm_xhat_offset(sx, (double)p->m) : 0.0;
     set_bwd_consts(jb, ch, norma__param(p->dt, cx->gamma, ch, 1.0), ctx_invstd(cx, p, ch), sg,
                    sgx, s, (double)p->m);
     if (cx->dgamma) norma__param_store(p->dt, cx->dgamma, ch, sgx - s * sg);
@@ -763,7 +745,7 @@ static norma_status cpu_backward(const bn_problem *p, const void *x, const void 
                 .from_y = x == NULL, .dgamma = dgamma, .dbeta = dbeta};
   job jb = {.p = p, .nsums = SUMS_BWD, .apply = 1, .x = x ? x : y, .y = y, .dy = dy, .out = dx,
             .dres = dres, .finalize = finalize_backward, .ctx = &cx};
-  return run(&jb, prepare_xhat);
+  return run_job(&jb, prepare_xhat);
 }
 
 static void finalize_reduce(job *jb, int64_t j0, int64_t nc) {
@@ -784,7 +766,7 @@ static norma_status cpu_bwd_reduce(const bn_problem *p, const void *x, const voi
                 .from_y = x == NULL, .o_dy = sum_dy, .o_dy_xhat = sum_dy_xhat, .o_xhat = sum_xhat};
   job jb = {.p = p, .nsums = SUMS_BWD, .apply = 0, .x = x ? x : y, .y = y, .dy = dy,
             .finalize = finalize_reduce, .ctx = &cx};
-  return run(&jb, prepare_xhat);
+  return run_job(&jb, prepare_xhat);
 }
 
 static void finalize_bwd_apply(job *jb, int64_t j0, int64_t nc) {
@@ -809,7 +791,7 @@ static norma_status cpu_bwd_apply(const bn_problem *p, const void *x, const void
                 .count = count, .from_y = x == NULL};
   job jb = {.p = p, .nsums = SUMS_NONE, .apply = 1, .x = x ? x : y, .y = y, .dy = dy, .out = dx,
             .dres = dres, .finalize = finalize_bwd_apply, .ctx = &cx};
-  return run(&jb, prepare_xhat);
+  return run_job(&jb, prepare_xhat);
 }
 
 /* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */

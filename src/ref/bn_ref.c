@@ -49,25 +49,16 @@ static void normalize_channel(const bn_problem *p, const void *x, const void *re
 static norma_status ref_fwd_training(const bn_problem *p, const void *x, const void *res,
                                      const void *gamma, const void *beta, void *y,
                                      void *save_mean, void *save_invstd, void *running_mean,
-                                     void *running_var, double momentum) {
-  const int biased = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) != 0;
+                                     void *running_var, const norm_running_rule *run) {
   for (int64_t ch = 0; ch < p->c; ch++) {
     double mean, mlo, var;
     channel_moments(p, x, ch, &mean, &mlo, &var);
-    /* PyTorch's rule: var == 0 with eps == 0 gives invstd 0 (y = beta), not Inf */
-    double is = (var == 0.0 && p->eps == 0.0) ? 0.0 : 1.0 / sqrt(var + p->eps);
+    const double is = norm_invstd(var, p->eps);
     normalize_channel(p, x, res, ch, mean, mlo, is, norma__param(p->dt, gamma, ch, 1.0),
                       norma__param(p->dt, beta, ch, 0.0), y);
     if (save_mean) norma__param_store(p->dt, save_mean, ch, mean);
     if (save_invstd) norma__param_store(p->dt, save_invstd, ch, is);
-    if (running_mean)
-      norma__param_store(p->dt, running_mean, ch,
-                         (1.0 - momentum) * norma__param(p->dt, running_mean, ch, 0) + momentum * mean);
-    if (running_var) {
-      double m = (double)p->m, v = biased ? var : var * m / (m - 1.0);
-      norma__param_store(p->dt, running_var, ch,
-                         (1.0 - momentum) * norma__param(p->dt, running_var, ch, 0) + momentum * v);
-    }
+    norm_running_apply(run, p->dt, running_mean, running_var, ch, mean, var, (double)p->m);
   }
   return NORMA_OK;
 }
