@@ -101,6 +101,25 @@ NORMA_API norma_status norma_bn_forward_training_mpi(MPI_Comm comm, const norma_
     void *running_mean, void *running_var, double momentum);
 
 /*
+ * norma_bn_forward_training_mpi with count-weighted running statistics available
+ * (NORMA_BN_COUNT_WEIGHTED, see norma_bn_running_update in norma.h): running_count is the
+ * layer's running count N, the same on every rank, and B is the global count (sum over ranks
+ * of n * spatial):
+ *
+ *   N' = (1 - momentum) * N + momentum * B
+ *   running_stat = ((1 - momentum) * N * running_stat + momentum * B * batch_stat) / N'
+ *
+ * running_count is required with the flag when a running statistic is given, and updated in
+ * place (only on success, as the other outputs).  NORMA_BN_COUNT_WEIGHTED must be set on every
+ * rank or on none (checked like BIASED_RUNNING_VAR).  norma_bn_forward_training_mpi itself
+ * rejects the flag when running statistics are given, as it has no running count.
+ */
+NORMA_API norma_status norma_bn_forward_training_counted_mpi(MPI_Comm comm,
+    const norma_bn_desc *d, const void *x, const void *residual, const void *gamma,
+    const void *beta, void *y, void *save_mean, void *save_invstd,
+    void *running_mean, void *running_var, double *running_count, double momentum);
+
+/*
  * Synchronized backward.  As norma_bn_backward, with the sums over the global batch:
  *
  *   dbeta  = sum g,   dgamma = sum g * x_hat                 (over every rank's values)

@@ -581,27 +581,48 @@ static norma_status check_forward(const char *fn, const norma_bn_desc *d, const 
   return NORMA_OK;
 }
 
-norma_status norma_bn_forward_training_mpi(MPI_Comm comm, const norma_bn_desc *d, const void *x,
-                                           const void *residual, const void *gamma,
-                                           const void *beta, void *y, void *save_mean,
-                                           void *save_invstd, void *running_mean,
-                                           void *running_var, double momentum) {
-  static const char fn[] = "norma_bn_forward_training_mpi";
+/* The running count of the counted variant (norma_bn_running_update's rules). */
+static norma_status check_running_count(const char *fn, const norma_bn_desc *d,
+                                        const void *running_mean, const void *running_var,
+                                        const double *running_count, int counted) {
+  if (!(d->flags & NORMA_BN_COUNT_WEIGHTED) || (!running_mean && !running_var)) return NORMA_OK;
+  if (!counted)
+    return fail(NORMA_ERR_INVALID_ARGUMENT, "%s: NORMA_BN_COUNT_WEIGHTED needs the running "
+                "count: call norma_bn_forward_training_counted_mpi", fn);
+  if (!running_count)
+    return fail(NORMA_ERR_INVALID_ARGUMENT,
+                "%s: running_count (required with NORMA_BN_COUNT_WEIGHTED) must not be NULL", fn);
+  if (!(*running_count >= 0.0) || !isfinite(*running_count))
+    return fail(NORMA_ERR_INVALID_ARGUMENT,
+                "%s: *running_count must be finite and >= 0 (got %g)", fn, *running_count);
+  return NORMA_OK;
+}
+
+static norma_status forward_mpi(const char *fn, MPI_Comm comm, const norma_bn_desc *d,
+                                const void *x, const void *residual, const void *gamma,
+                                const void *beta, void *y, void *save_mean, void *save_invstd,
+                                void *running_mean, void *running_var, double *running_count,
+                                double momentum, int counted) {
   comm_state *s;
   TRY(prologue(fn, comm, d, &s));
   const int64_t c = d->c;
   const int mode = exchange_mode();
   call_buffers b;
-  /* work: mean_out[c], invstd_out[c], and the previous contents of the 4 per-channel outputs */
-  TRY(get_buffers(fn, s, KIND_FWD, c, 6 * c, mode, &b));
+  /* work: mean_out[c], invstd_out[c], the previous contents of the 4 per-channel outputs, and
+     the batch variance of the count-weighted update */
+  TRY(get_buffers(fn, s, KIND_FWD, c, 7 * c, mode, &b));
   norma_bn_desc dl = *d;
   dl.flags &= ~(unsigned)NORMA_CHECK_FINITE; /* scanned here, before the exchange */
+  const int counting =
+      (d->flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var) && counted;
 
   /* 1. local moments into the record (or the local error as its status) */
   record_init(b.send, KIND_FWD, c, s->rank, d->eps,
-              fingerprint_flags(d, NORMA_BN_BIASED_RUNNING_VAR));
+              fingerprint_flags(d, NORMA_BN_BIASED_RUNNING_VAR | NORMA_BN_COUNT_WEIGHTED));
   norma_status local = check_forward(fn, d, x, &residual, gamma, beta, y, save_mean, save_invstd,
                                      running_mean, running_var, momentum);
+  if (local == NORMA_OK)
+    local = check_running_count(fn, d, running_mean, running_var, running_count, counted);
   if (local == NORMA_OK && mode == EX_BAD)
     local = fail(NORMA_ERR_INVALID_ARGUMENT,
                  "%s: the environment variable NORMA_MPI_EXCHANGE must be auto, allgather or "
@@ -629,18 +650,51 @@ norma_status norma_bn_forward_training_mpi(MPI_Comm comm, const norma_bn_desc *d
   const size_t pbytes = (size_t)c * norma__param_size(d->dtype);
   for (int k = 0; k < 4; k++)
     if (outs[k]) memcpy(b.work + (2 + k) * c, outs[k], pbytes);
+  const double count_before = counting ? *running_count : 0.0;
   for (int64_t i = 0; i < c; i++) b.counts[i] = h->count;
   norma_status st = norma_bn_stats_from_moments(&dl, b.counts, gmean, gm2, mean_out, invstd_out,
-                                                save_mean, save_invstd, running_mean, running_var,
-                                                momentum);
+                                                save_mean, save_invstd,
+                                                counting ? NULL : running_mean,
+                                                counting ? NULL : running_var, momentum);
+  if (st == NORMA_OK && counting) {
+    /* the count-weighted update with the global count (norma_bn_running_update) */
+    double *var = b.work + 6 * c;
+    for (int64_t i = 0; i < c; i++) {
+      const double v = gm2[i] / (double)h->count;
+      var[i] = v < 0.0 ? 0.0 : v;
+    }
+    st = norma_bn_running_update(&dl, h->count, gmean, var, running_mean, running_var,
+                                 running_count, momentum);
+  }
   if (st == NORMA_OK && d->n > 0)
     st = norma_bn_forward_apply(&dl, x, residual, gamma, beta, mean_out, invstd_out, y);
   if (st != NORMA_OK) {
     for (int k = 0; k < 4; k++)
       if (outs[k]) memcpy(outs[k], b.work + (2 + k) * c, pbytes);
+    if (counting) *running_count = count_before;
     return fail_inner(fn, st);
   }
   return NORMA_OK;
+}
+
+norma_status norma_bn_forward_training_mpi(MPI_Comm comm, const norma_bn_desc *d, const void *x,
+                                           const void *residual, const void *gamma,
+                                           const void *beta, void *y, void *save_mean,
+                                           void *save_invstd, void *running_mean,
+                                           void *running_var, double momentum) {
+  return forward_mpi("norma_bn_forward_training_mpi", comm, d, x, residual, gamma, beta, y,
+                     save_mean, save_invstd, running_mean, running_var, NULL, momentum, 0);
+}
+
+norma_status norma_bn_forward_training_counted_mpi(MPI_Comm comm, const norma_bn_desc *d,
+                                                   const void *x, const void *residual,
+                                                   const void *gamma, const void *beta, void *y,
+                                                   void *save_mean, void *save_invstd,
+                                                   void *running_mean, void *running_var,
+                                                   double *running_count, double momentum) {
+  return forward_mpi("norma_bn_forward_training_counted_mpi", comm, d, x, residual, gamma, beta,
+                     y, save_mean, save_invstd, running_mean, running_var, running_count,
+                     momentum, 1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
