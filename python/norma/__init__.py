@@ -19,9 +19,10 @@ the checkout, or where ``cmake --install`` put it (see norma._lib).
 
 from ._lib import (NormaError, NormaLibraryNotFound, library_path, CHANNELS_FIRST,
                    CHANNELS_LAST, BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE,
-                   BN_GLOBAL_STATS)
+                   BN_GLOBAL_STATS, BN_COUNT_WEIGHTED)
+from . import _core
 from ._core import (batch_norm_forward_training, batch_norm_inference, batch_norm_backward,
-                    batch_norm, bn_fold, fold_into_weights, moments, query_plan, version,
+                    bn_fold, fold_into_weights, moments, query_plan, version,
                     set_num_threads, get_num_threads, set_max_isa, get_isa, set_use_reference,
                     get_use_reference)
 
@@ -34,8 +35,20 @@ __all__ = [
     "version", "set_num_threads", "get_num_threads", "set_max_isa", "get_isa",
     "set_use_reference", "get_use_reference",
     "CHANNELS_FIRST", "CHANNELS_LAST", "BN_RELU", "BN_ADD_RELU", "BN_BIASED_RUNNING_VAR",
-    "CHECK_FINITE", "BN_GLOBAL_STATS",
+    "CHECK_FINITE", "BN_GLOBAL_STATS", "BN_COUNT_WEIGHTED",
 ]
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5, layout=None):
+    """torch.nn.functional.batch_norm's arguments and meaning.  torch tensors go through
+    autograd (norma.torch.batch_norm); numpy arrays return y."""
+    if _core.is_torch_tensor(x):
+        from .torch import batch_norm as _torch_batch_norm
+        return _torch_batch_norm(x, running_mean, running_var, weight, bias, training, momentum,
+                                 eps)
+    return _core.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                            layout)
 
 
 def __getattr__(name):

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import _lib
 from ._lib import (BnDesc, call, CHANNELS_FIRST, CHANNELS_LAST, F32, F64, F16, BF16,
-                   BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE, BN_GLOBAL_STATS)
+                   BN_RELU, BN_ADD_RELU, BN_BIASED_RUNNING_VAR, CHECK_FINITE, BN_GLOBAL_STATS,
+                   BN_COUNT_WEIGHTED)
 
 _NP_DTYPES = {np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.float16): F16}
 _DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16"}
@@ -350,7 +351,7 @@ def param_out(ref):
 
 
 def _flags(relu=False, add_relu=False, biased_running_var=False, check_finite=False,
-           global_stats=False):
+           global_stats=False, count_weighted=False):
     f = 0
     if relu and add_relu:
         raise ValueError("relu and add_relu are exclusive (add_relu already applies the ReLU)")
@@ -364,7 +365,27 @@ def _flags(relu=False, add_relu=False, biased_running_var=False, check_finite=Fa
         f |= CHECK_FINITE
     if global_stats:
         f |= BN_GLOBAL_STATS
+    if count_weighted:
+        f |= BN_COUNT_WEIGHTED
     return f
+
+
+def act_flags(relu, residual):
+    """The activation flags of a forward: NORMA_BN_ADD_RELU with a residual, NORMA_BN_RELU with
+    relu alone.  The one home of the residual rule: the residual is fused only as
+    y = relu(bn(x) + residual), so a residual without relu=True is an error (norma has no
+    add-without-ReLU fusion, and adding a ReLU the caller did not ask for would be wrong)."""
+    if residual is not None:
+        if not relu:
+            raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
+                             "(norma has no add-without-ReLU fusion)")
+        return BN_ADD_RELU
+    return BN_RELU if relu else 0
+
+
+def running_count_inout(p):
+    """The running count of count-weighted statistics (one float64 value, updated in place)."""
+    return inout_generic(p, 1, np.float64, "running_count")
 
 
 # ------------------------------------------------------------------------------------------
@@ -374,7 +395,8 @@ def _flags(relu=False, add_relu=False, biased_running_var=False, check_finite=Fa
 
 def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean=None,
                                 running_var=None, momentum=0.1, layout=None, relu=False,
-                                residual=None, biased_running_var=False, check_finite=False):
+                                residual=None, biased_running_var=False, check_finite=False,
+                                running_count=None):
     """Training forward: normalizes x with the statistics of the batch.
 
     y = gamma * (x - mean) / sqrt(var + eps) + beta, then max(0, y) with ``relu=True``, or
@@ -383,11 +405,16 @@ def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean
     updated in place: r = (1 - momentum) * r + momentum * batch_stat, with the unbiased batch
     variance (the biased one with ``biased_running_var=True``).
 
+    ``running_count`` (a one-element float64 array or tensor, start it at 0) makes the update
+    count-weighted (NORMA_BN_COUNT_WEIGHTED, see norma_bn_running_update): with B the values
+    per channel of this batch, N' = (1 - momentum) N + momentum B and
+    r = ((1 - momentum) N r + momentum B batch_stat) / N'; the count is updated in place.
+
     Returns (y, save_mean, save_invstd); the last two feed batch_norm_backward.
     """
-    return forward_training_with(invoker("norma_bn_forward_training"), x, gamma, beta, eps,
-                                 running_mean, running_var, momentum, layout, relu, residual,
-                                 biased_running_var, check_finite)
+    return forward_training_with(None, x, gamma, beta, eps, running_mean, running_var, momentum,
+                                 layout, relu, residual, biased_running_var, check_finite,
+                                 running_count)
 
 
 def invoker(name, *leading):
@@ -398,25 +425,33 @@ def invoker(name, *leading):
     return invoke
 
 
-def _residual_in(residual, relu, X):
-    """The residual of the fused add+ReLU, prepared like X, and whether it is used."""
-    if residual is None:
-        return None, False
-    if not relu:
-        raise ValueError("residual is fused as y = relu(bn(x) + residual): pass relu=True "
-                         "(norma has no add-without-ReLU fusion)")
-    return prepare_like(residual, X, "residual"), True
+_TRAIN = invoker("norma_bn_forward_training")
+_TRAIN_COUNTED = invoker("norma_bn_forward_training_counted")
 
 
 def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_mean=None,
                           running_var=None, momentum=0.1, layout=None, relu=False,
-                          residual=None, biased_running_var=False, check_finite=False):
+                          residual=None, biased_running_var=False, check_finite=False,
+                          running_count=None, invoke_counted=None):
     """batch_norm_forward_training through `invoke(d, x, residual, gamma, beta, y, save_mean,
-    save_invstd, running_mean, running_var, momentum)` (norma_bn_forward_training's arguments;
-    norma.mpi passes the synchronized call)."""
+    save_invstd, running_mean, running_var, momentum)` and, with a running count,
+    `invoke_counted(..., running_var, running_count, momentum)` (None: the single-process
+    calls; norma.mpi passes the synchronized ones)."""
     X = prepare(x, layout)
-    R, add_relu = _residual_in(residual, relu, X)
-    flags = _flags(relu and not add_relu, add_relu, biased_running_var, check_finite)
+    flags = act_flags(relu, residual) | _flags(biased_running_var=biased_running_var,
+                                               check_finite=check_finite,
+                                               count_weighted=running_count is not None)
+    Y, sm, si = train_prepared(X, residual, gamma, beta, running_mean, running_var,
+                               running_count, momentum, eps, flags, invoke, invoke_counted)
+    return Y.obj, sm.obj, si.obj
+
+
+def train_prepared(X, residual, gamma, beta, running_mean, running_var, running_count, momentum,
+                   eps, flags, invoke=None, invoke_counted=None):
+    """The training forward on a prepared x (the one home of the call; the functional API,
+    norma.mpi and norma.torch's ctypes backend use it).  Returns the _T / _P objects
+    (Y, save_mean, save_invstd); running statistics are written back on success only."""
+    R = prepare_like(residual, X, "residual") if flags & BN_ADD_RELU else None
     g = param_in(gamma, X, "gamma")
     b = param_in(beta, X, "beta")
     rm = param_inout(running_mean, X, "running_mean")
@@ -424,15 +459,31 @@ def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_me
     if (running_mean is not None or running_var is not None) and momentum is None:
         raise ValueError("momentum is None: pass a number in [0, 1] (the cumulative average "
                          "of torch's modules is 1 / num_batches_tracked)")
+    counted = bool(flags & BN_COUNT_WEIGHTED) and (rm.ptr is not None or rv.ptr is not None)
+    rc = running_count_inout(running_count) if counted else _NULL
+    if counted and rc.ptr is None:
+        raise ValueError("count-weighted running statistics need running_count")
+    if counted and ctypes.c_double.from_address(rc.ptr).value < 0:
+        # a negative count means "not known yet" (a module converted after training): adopt
+        # this batch's count, which makes this update PyTorch's
+        tmp = np.array([float(X.n * X.spatial)])
+        rc = _P(tmp, tmp.ctypes.data, target=running_count)
     Y = new_like(X)
     sm = param_out(X)
     si = param_out(X)
     d = X.desc(eps, flags)
-    invoke(ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr, b.ptr, Y.ptr, sm.ptr, si.ptr,
-           rm.ptr, rv.ptr, float(momentum) if momentum is not None else 0.0)
+    mom = float(momentum) if momentum is not None else 0.0
+    if counted:
+        (invoke_counted or _TRAIN_COUNTED)(ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr,
+                                           b.ptr, Y.ptr, sm.ptr, si.ptr, rm.ptr, rv.ptr,
+                                           rc.ptr, mom)
+    else:
+        (invoke or _TRAIN)(ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr, b.ptr, Y.ptr,
+                           sm.ptr, si.ptr, rm.ptr, rv.ptr, mom)
     rm.finish()
     rv.finish()
-    return Y.obj, sm.obj, si.obj
+    rc.finish()
+    return Y, sm, si
 
 
 def batch_norm_inference(x, mean, var, gamma=None, beta=None, eps=1e-5, layout=None,
@@ -442,8 +493,13 @@ def batch_norm_inference(x, mean, var, gamma=None, beta=None, eps=1e-5, layout=N
     X = prepare(x, layout)
     if mean is None or var is None:
         raise ValueError("batch_norm_inference needs mean and var (e.g. the running statistics)")
-    R, add_relu = _residual_in(residual, relu, X)
-    flags = _flags(relu and not add_relu, add_relu, False, check_finite)
+    flags = act_flags(relu, residual) | _flags(check_finite=check_finite)
+    return inference_prepared(X, residual, gamma, beta, mean, var, eps, flags).obj
+
+
+def inference_prepared(X, residual, gamma, beta, mean, var, eps, flags):
+    """The inference forward on a prepared x; returns Y (a _T)."""
+    R = prepare_like(residual, X, "residual") if flags & BN_ADD_RELU else None
     g = param_in(gamma, X, "gamma")
     b = param_in(beta, X, "beta")
     m = param_in(mean, X, "mean")
@@ -452,7 +508,7 @@ def batch_norm_inference(x, mean, var, gamma=None, beta=None, eps=1e-5, layout=N
     d = X.desc(eps, flags)
     call("norma_bn_forward_inference", ctypes.byref(d), X.ptr, R.ptr if R else None, g.ptr,
          b.ptr, m.ptr, v.ptr, Y.ptr)
-    return Y.obj
+    return Y
 
 
 def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,
@@ -466,9 +522,8 @@ def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=
     y > 0).  Returns (dx, dgamma, dbeta), plus dresidual with ``add_relu``; dgamma and dbeta
     are None with ``compute_param_grads=False``.
     """
-    return backward_with(invoker("norma_bn_backward"), dy, x, save_mean, save_invstd, gamma,
-                         beta, y, eps, layout, relu, add_relu, global_stats, check_finite,
-                         compute_param_grads)
+    return backward_with(None, dy, x, save_mean, save_invstd, gamma, beta, y, eps, layout,
+                         relu, add_relu, global_stats, check_finite, compute_param_grads)
 
 
 def backward_with(invoke, dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,
@@ -484,36 +539,46 @@ def backward_with(invoke, dy, x, save_mean, save_invstd, gamma=None, beta=None, 
     if save_mean is None or save_invstd is None:
         raise ValueError("batch_norm_backward needs save_mean and save_invstd")
     ref = prepare(x if x is not None else y, layout, "x" if x is not None else "y")
-    X = ref if x is not None else None
-    Yt = prepare_like(y, ref, "y") if (y is not None and (x is None or relu or add_relu)) \
-        else None
-    DY = prepare_like(dy, ref, "dy")
     flags = _flags(relu, add_relu, False, check_finite, global_stats)
-    g = param_in(gamma, ref, "gamma")
-    b = param_in(beta, ref, "beta")
-    sm = param_in(save_mean, ref, "save_mean")
-    si = param_in(save_invstd, ref, "save_invstd")
-    DX = new_like(ref)
-    DR = new_like(ref) if add_relu else None
-    dg = param_out(ref) if compute_param_grads else _NULL
-    db = param_out(ref) if compute_param_grads else _NULL
-    d = ref.desc(eps, flags)
-    invoke(ctypes.byref(d), X.ptr if X else None, Yt.ptr if Yt else None, DY.ptr, g.ptr, b.ptr,
-           sm.ptr, si.ptr, DX.ptr, DR.ptr if DR else None, dg.ptr, db.ptr)
+    DX, dg, db, DR = backward_prepared(ref, x is not None, y, dy, gamma, beta, save_mean,
+                                       save_invstd, eps, flags, compute_param_grads,
+                                       compute_param_grads, add_relu, invoke)
     out = (DX.obj, dg.obj, db.obj)
     if add_relu:
         out = out + (DR.obj,)
     return out
 
 
+def backward_prepared(ref, has_x, y, dy, gamma, beta, save_mean, save_invstd, eps, flags,
+                      need_dgamma=True, need_dbeta=True, need_dresidual=True, invoke=None):
+    """The backward on a prepared reference tensor (x, or y when has_x is False): the one home
+    of the call.  Returns (DX, dgamma, dbeta, DR) objects (_T / _P; DR None without
+    NORMA_BN_ADD_RELU or when not wanted)."""
+    act = flags & (BN_RELU | BN_ADD_RELU)
+    Yt = prepare_like(y, ref, "y") if (y is not None and (not has_x or act)) else None
+    DY = prepare_like(dy, ref, "dy")
+    g = param_in(gamma, ref, "gamma")
+    b = param_in(beta, ref, "beta")
+    sm = param_in(save_mean, ref, "save_mean")
+    si = param_in(save_invstd, ref, "save_invstd")
+    DX = new_like(ref)
+    DR = new_like(ref) if (flags & BN_ADD_RELU) and need_dresidual else None
+    dg = param_out(ref) if need_dgamma else _NULL
+    db = param_out(ref) if need_dbeta else _NULL
+    d = ref.desc(eps, flags)
+    (invoke or _BACKWARD)(ctypes.byref(d), ref.ptr if has_x else None, Yt.ptr if Yt else None,
+                          DY.ptr, g.ptr, b.ptr, sm.ptr, si.ptr, DX.ptr, DR.ptr if DR else None,
+                          dg.ptr, db.ptr)
+    return DX, dg, db, DR
+
+
+_BACKWARD = invoker("norma_bn_backward")
+
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5, layout=None):
-    """torch.nn.functional.batch_norm's arguments and meaning.  On torch tensors this goes
-    through autograd (norma.torch.batch_norm); on numpy arrays it returns y."""
-    if is_torch_tensor(x):
-        from . import torch as _nt
-        return _nt.batch_norm(x, running_mean, running_var, weight, bias, training, momentum,
-                              eps)
+    """torch.nn.functional.batch_norm's arguments and meaning, without autograd: returns y.
+    (norma.batch_norm sends torch tensors to norma.torch.batch_norm, with autograd.)"""
     if training:
         return batch_norm_forward_training(x, weight, bias, eps, running_mean, running_var,
                                            momentum, layout)[0]

@@ -13,6 +13,10 @@ The shared library is looked up, on first use, in this order:
 Every function of norma.h gets its ``argtypes`` / ``restype`` here.  Data pointers (tensors and
 per-channel arrays alike) are declared ``c_void_p`` so that integer addresses
 (``tensor.data_ptr()``, ``ndarray.ctypes.data``) can be passed directly.
+
+``find_library`` is the one implementation of that lookup; ``norma.mpi`` (libnorma_mpi) and
+``norma.torch`` (libnorma_torch, the PyTorch operators) use it for their libraries too, which
+are looked up first beside the loaded libnorma, so that all come from one build.
 """
 
 import ctypes
@@ -58,6 +62,7 @@ STATUS_NAMES = {
 
 ISA_SCALAR = 0
 ISA_AVX2 = 1
+ISA_AVX512 = 2
 
 F32 = 0
 F64 = 1
@@ -72,6 +77,8 @@ BN_ADD_RELU = 1 << 1
 BN_BIASED_RUNNING_VAR = 1 << 2
 CHECK_FINITE = 1 << 3
 BN_GLOBAL_STATS = 1 << 4
+SILU = 1 << 5
+BN_COUNT_WEIGHTED = 1 << 6
 
 BN_OP_FORWARD_TRAINING = 0
 BN_OP_FORWARD_INFERENCE = 1
@@ -136,12 +143,38 @@ class BnPlan(ctypes.Structure):
         return "BnPlan(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
+class LnDesc(ctypes.Structure):
+    """norma_ln_desc (LayerNorm, RMSNorm)."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("d", ctypes.c_int64), ("dtype", ctypes.c_int),
+                ("eps", ctypes.c_double), ("flags", ctypes.c_uint)]
+
+
+class GnDesc(ctypes.Structure):
+    """norma_gn_desc (GroupNorm)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("c", ctypes.c_int64), ("spatial", ctypes.c_int64),
+                ("groups", ctypes.c_int64), ("layout", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("eps", ctypes.c_double), ("flags", ctypes.c_uint)]
+
+
+class InDesc(ctypes.Structure):
+    """norma_in_desc (InstanceNorm)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("c", ctypes.c_int64), ("spatial", ctypes.c_int64),
+                ("layout", ctypes.c_int), ("dtype", ctypes.c_int), ("eps", ctypes.c_double),
+                ("flags", ctypes.c_uint)]
+
+
 _vp = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _int = ctypes.c_int
 _dbl = ctypes.c_double
 _status = ctypes.c_int  # norma_status
 _pdesc = ctypes.POINTER(BnDesc)
+_pln = ctypes.POINTER(LnDesc)
+_pgn = ctypes.POINTER(GnDesc)
+_pin = ctypes.POINTER(InDesc)
 
 # name: (restype, [argtypes]); every function of include/norma.h.
 PROTOTYPES = {
@@ -166,6 +199,13 @@ PROTOTYPES = {
     # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dresidual, dgamma, dbeta)
     "norma_bn_backward": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
                                     _vp]),
+    # count-weighted running statistics
+    # (d, count, mean[double], var[double], running_mean, running_var, running_count[double],
+    #  momentum)
+    "norma_bn_running_update": (_status, [_pdesc, _i64, _vp, _vp, _vp, _vp, _vp, _dbl]),
+    # norma_bn_forward_training's arguments + running_count[double] before momentum
+    "norma_bn_forward_training_counted": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                                    _vp, _vp, _vp, _dbl]),
     # plan introspection: (d, op, plan)
     "norma_bn_query_plan": (_status, [_pdesc, _int, ctypes.POINTER(BnPlan)]),
     # inference folding
@@ -195,57 +235,94 @@ PROTOTYPES = {
                                           _vp, _i64, _vp, _vp]),
     # (d, sum_dy, sum_dy_xhat, sum_xhat, count, dgamma, dbeta)
     "norma_bn_param_grads": (_status, [_pdesc, _vp, _vp, _vp, _i64, _vp, _vp]),
+    # the norm family
+    # (d, x, residual, gamma, beta, y, sum, save_mean, save_invstd)
+    "norma_ln_forward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, dy, dsum, gamma, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_ln_backward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, residual, gamma, y, sum, save_invrms)
+    "norma_rms_forward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, dy, dsum, gamma, save_invrms, dx, dgamma)
+    "norma_rms_backward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, gamma, beta, y, save_mean, save_invstd)
+    "norma_gn_forward": (_status, [_pgn, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_gn_backward": (_status, [_pgn, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum)
+    "norma_in_forward_training": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                            _dbl]),
+    # (d, x, gamma, beta, mean, var, y)
+    "norma_in_forward_inference": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_in_backward": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
 }
+
+# Declared in norma.h, implemented in a later libnorma: a library without them still loads
+# (they are then absent from lib(); see missing_functions()).
+OPTIONAL = frozenset(n for n in PROTOTYPES if n.startswith(("norma_ln_", "norma_rms_",
+                                                              "norma_gn_", "norma_in_")))
 
 _LOCK = threading.Lock()
 _LIB = None
 _LIB_PATH = None
+_MISSING = ()
 
 
 def _package_dir():
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def _shared_names():
+def repo_dir():
+    """The checkout this package lives in (<repo>/python/norma -> <repo>), or None when the
+    package is installed elsewhere."""
+    repo = os.path.dirname(os.path.dirname(_package_dir()))
+    return repo if os.path.isfile(os.path.join(repo, "include", "norma.h")) else None
+
+
+def shared_names(base):
+    """File name patterns of the shared library `base` ("norma", "norma_mpi", ...)."""
     if sys.platform == "darwin":
-        return ["libnorma.dylib", "libnorma.*.dylib"]
+        return ["lib%s.dylib" % base, "lib%s.*.dylib" % base]
     if sys.platform.startswith("win"):
-        return ["norma.dll", "libnorma.dll"]
-    return ["libnorma.so", "libnorma.so.*"]
+        return ["%s.dll" % base, "lib%s.dll" % base]
+    return ["lib%s.so" % base, "lib%s.so.*" % base]
 
 
-def candidate_paths():
-    """The files tried after NORMA_LIBRARY, in order (those that exist)."""
+def candidate_paths(base="norma", first=()):
+    """The files tried after the environment variable, in order (those that exist): the
+    folders in `first`, beside the package, the checkout's build/ then build-*/ (most recently
+    built first)."""
     out = []
+    names = shared_names(base)
 
     def add_glob(folder):
-        for pattern in _shared_names():
+        for pattern in names:
             for p in sorted(glob.glob(os.path.join(folder, pattern))):
                 if os.path.isfile(p) and p not in out:
                     out.append(p)
 
-    # 2. beside the package
+    for folder in first:
+        add_glob(folder)
     add_glob(_package_dir())
-    # 3. the build tree of the checkout: <repo>/python/norma/_lib.py -> <repo>
-    repo = os.path.dirname(os.path.dirname(_package_dir()))
-    if os.path.isfile(os.path.join(repo, "include", "norma.h")):
+    repo = repo_dir()
+    if repo:
         add_glob(os.path.join(repo, "build"))
         # build-*/: the most recently built library first (a stale tree must not win by name)
         others = []
         for d in glob.glob(os.path.join(repo, "build-*")):
-            for pattern in _shared_names()[:1]:
-                p = os.path.join(d, pattern)
-                if os.path.isfile(p):
-                    others.append((-os.path.getmtime(p), p))
+            p = os.path.join(d, names[0])
+            if os.path.isfile(p):
+                others.append((-os.path.getmtime(p), p))
         for _, p in sorted(others):
             if p not in out:
                 out.append(p)
     return out
 
 
-def _install_candidates():
+def install_candidates(base="norma"):
+    """Where `cmake --install` puts the library: find_library, then the usual prefixes."""
     out = []
-    found = ctypes.util.find_library("norma")
+    found = ctypes.util.find_library(base)
     if found:
         out.append(found)
     prefixes = [sys.prefix, getattr(sys, "base_prefix", sys.prefix), "/usr/local", "/usr",
@@ -254,11 +331,56 @@ def _install_candidates():
     for pre in prefixes:
         for ld in libdirs:
             folder = os.path.join(pre, ld)
-            for pattern in _shared_names():
+            for pattern in shared_names(base):
                 for p in sorted(glob.glob(os.path.join(folder, pattern))):
                     if os.path.isfile(p) and p not in out:
                         out.append(p)
     return out
+
+
+def find_library(base, env, load, first=(), what=None, hint=""):
+    """Loads the shared library `base` with `load(path)` (which raises OSError on failure):
+    the file named by the environment variable `env` when it is set (that file or an error),
+    else the first candidate that loads (candidate_paths, then install_candidates).  Returns
+    (loaded, path); raises NormaLibraryNotFound listing where it looked."""
+    what = what or "lib" + base
+    path = os.environ.get(env)
+    if path:
+        try:
+            return load(path), path
+        except OSError as e:
+            raise NormaLibraryNotFound("%s=%r could not be loaded: %s" % (env, path, e)) from None
+    tried = []
+    for cand in candidate_paths(base, first) + install_candidates(base):
+        try:
+            return load(cand), cand
+        except OSError as e:
+            tried.append("%s (%s)" % (cand, e))
+    repo = repo_dir()
+    if repo:
+        build = ("Build it (cd %s && cmake -S . -B build && cmake --build build), install it "
+                 "(cmake --install build), " % repo)
+        where = "in %s/build and %s/build-*, " % (repo, repo)
+    else:
+        build = "Install it (cmake --install build in a norma checkout), "
+        where = ""
+    raise NormaLibraryNotFound(
+        "%s not found. %s%sor set %s to the path of %s. Looked %sbeside the package (%s), "
+        "%svia ctypes.util.find_library(%r) and in the usual prefixes (sys.prefix/lib, "
+        "/usr/local/lib, /usr/lib...).%s"
+        % (what, hint, build, env, shared_names(base)[0],
+           "".join("in %s, " % f for f in first), _package_dir(), where, base,
+           (" Failed to load: " + "; ".join(tried)) if tried else ""))
+
+
+def loaded_copies(base="norma"):
+    """Paths of the distinct lib<base>.so files mapped in this process (Linux only)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/lib%s.so" % base in line}
+    except OSError:
+        return []
+    return sorted({os.path.realpath(p) for p in paths})
 
 
 def _declare(dll):
@@ -275,49 +397,25 @@ def _declare(dll):
 
 
 def _load():
-    global _LIB, _LIB_PATH
-    tried = []
-    env = os.environ.get("NORMA_LIBRARY")
-    if env:
-        try:
-            dll = ctypes.CDLL(env)
-        except OSError as e:
-            raise NormaLibraryNotFound(
-                "NORMA_LIBRARY=%r could not be loaded: %s" % (env, e)) from None
-        path = env
-    else:
-        dll = None
-        path = None
-        for cand in candidate_paths() + _install_candidates():
-            try:
-                dll = ctypes.CDLL(cand)
-                path = cand
-                break
-            except OSError as e:
-                tried.append("%s (%s)" % (cand, e))
-        if dll is None:
-            repo = os.path.dirname(os.path.dirname(_package_dir()))
-            if os.path.isfile(os.path.join(repo, "include", "norma.h")):
-                build = ("Build it (cd %s && cmake -S . -B build && cmake --build build), "
-                         "install it (cmake --install build), " % repo)
-                where = "in %s/build and %s/build-*, " % (repo, repo)
-            else:
-                build = "Install it (cmake --install build in a norma checkout), "
-                where = ""
-            raise NormaLibraryNotFound(
-                "libnorma not found. %sor set NORMA_LIBRARY to the path of libnorma.so. "
-                "Looked beside the package (%s), %svia ctypes.util.find_library('norma') and in "
-                "the usual prefixes (sys.prefix/lib, /usr/local/lib, /usr/lib...).%s"
-                % (build, _package_dir(), where,
-                   (" Failed to load: " + "; ".join(tried)) if tried else ""))
+    global _LIB, _LIB_PATH, _MISSING
+    dll, path = find_library("norma", "NORMA_LIBRARY", ctypes.CDLL)
     missing = _declare(dll)
-    if missing:
+    required = [m for m in missing if m not in OPTIONAL]
+    if required:
         raise NormaLibraryNotFound(
             "%s does not export %s: it is older than this package or not libnorma"
-            % (path, ", ".join(missing)))
+            % (path, ", ".join(required)))
     _LIB = dll
     _LIB_PATH = path
+    _MISSING = tuple(missing)
     return dll
+
+
+def missing_functions():
+    """The functions of norma.h that the loaded library does not export (yet): OPTIONAL
+    ones, declared in the header ahead of their implementation."""
+    lib()
+    return _MISSING
 
 
 def lib():

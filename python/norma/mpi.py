@@ -23,11 +23,10 @@ libnorma, which it then shares (one copy of the library and of its settings).
 """
 
 import ctypes
-import ctypes.util
-import glob
 import os
-import sys
 import threading
+
+import numpy as np
 
 from . import _core
 from . import _lib
@@ -88,45 +87,16 @@ def comm_handle(comm):
     return _comm_type(MPI)(MPI._handleof(comm))
 
 
-def _names():
-    if sys.platform == "darwin":
-        return ["libnorma_mpi.dylib", "libnorma_mpi.*.dylib"]
-    return ["libnorma_mpi.so", "libnorma_mpi.so.*"]
-
-
 def candidate_paths():
-    """The files tried after NORMA_MPI_LIBRARY, in order (those that exist)."""
-    out = []
+    """The files tried after NORMA_MPI_LIBRARY, in order (those that exist): the folder of the
+    loaded libnorma first (the same build), then as for libnorma (norma._lib)."""
+    return _lib.candidate_paths("norma_mpi", _libnorma_dir()) + \
+        _lib.install_candidates("norma_mpi")
 
-    def add(folder):
-        for pattern in _names():
-            for p in sorted(glob.glob(os.path.join(folder, pattern))):
-                if os.path.isfile(p) and p not in out:
-                    out.append(p)
 
+def _libnorma_dir():
     base = _lib.library_path()
-    if base and os.path.sep in base:
-        add(os.path.dirname(os.path.abspath(base)))
-    pkg = os.path.dirname(os.path.abspath(__file__))
-    add(pkg)
-    repo = os.path.dirname(os.path.dirname(pkg))
-    if os.path.isfile(os.path.join(repo, "include", "norma.h")):
-        add(os.path.join(repo, "build"))
-        others = []
-        for d in glob.glob(os.path.join(repo, "build-*")):
-            p = os.path.join(d, _names()[0])
-            if os.path.isfile(p):
-                others.append((-os.path.getmtime(p), p))
-        for _, p in sorted(others):
-            if p not in out:
-                out.append(p)
-    found = ctypes.util.find_library("norma_mpi")
-    if found and found not in out:
-        out.append(found)
-    for pre in (sys.prefix, "/usr/local", "/usr", os.path.expanduser("~/.local")):
-        for ld in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
-            add(os.path.join(pre, ld))
-    return out
+    return [os.path.dirname(os.path.abspath(base))] if base and os.path.sep in base else []
 
 
 def _declare(dll, comm_t):
@@ -137,6 +107,9 @@ def _declare(dll, comm_t):
         # (comm, d, x, residual, gamma, beta, y, save_mean, save_invstd, running_mean,
         #  running_var, momentum)
         "norma_bn_forward_training_mpi": (st, [comm_t, pd] + [vp] * 9 + [ctypes.c_double]),
+        # ... running_var, running_count[double], momentum
+        "norma_bn_forward_training_counted_mpi": (st, [comm_t, pd] + [vp] * 10 +
+                                                  [ctypes.c_double]),
         # (comm, d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dresidual, dgamma, dbeta)
         "norma_bn_backward_mpi": (st, [comm_t, pd] + [vp] * 11),
         "norma_mpi_last_error": (ctypes.c_char_p, []),
@@ -151,47 +124,16 @@ def _declare(dll, comm_t):
         fn.argtypes = argtypes
 
 
-def _loaded_libnorma_copies():
-    """Paths of the distinct libnorma files mapped in this process (Linux only)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "/libnorma.so" in line}
-    except OSError:
-        return []
-    return sorted({os.path.realpath(p) for p in paths})
-
-
 def _load():
     global _LIB, _LIB_PATH
     MPI = _mpi()
     _lib.lib()  # libnorma first: libnorma_mpi then binds to this copy (same soname)
     mode = getattr(os, "RTLD_GLOBAL", ctypes.RTLD_GLOBAL)
-    env = os.environ.get("NORMA_MPI_LIBRARY")
-    tried = []
-    dll = None
-    if env:
-        try:
-            dll = ctypes.CDLL(env, mode=mode)
-        except OSError as e:
-            raise NormaLibraryNotFound("NORMA_MPI_LIBRARY=%r could not be loaded: %s"
-                                       % (env, e)) from None
-        path = env
-    else:
-        path = None
-        for cand in candidate_paths():
-            try:
-                dll = ctypes.CDLL(cand, mode=mode)
-                path = cand
-                break
-            except OSError as e:
-                tried.append("%s (%s)" % (cand, e))
-        if dll is None:
-            raise NormaLibraryNotFound(
-                "libnorma_mpi not found: build norma with MPI (cmake -DNORMA_WITH_MPI=ON; it is "
-                "built beside libnorma, %s) or set NORMA_MPI_LIBRARY to the path of "
-                "libnorma_mpi.so.%s" % (os.path.dirname(_lib.library_path()),
-                                       (" Failed to load: " + "; ".join(tried)) if tried else ""))
-    copies = _loaded_libnorma_copies()
+    dll, path = _lib.find_library(
+        "norma_mpi", "NORMA_MPI_LIBRARY", lambda p: ctypes.CDLL(p, mode=mode),
+        first=_libnorma_dir(), what="libnorma_mpi",
+        hint="It is built beside libnorma when CMake finds MPI (-DNORMA_WITH_MPI=ON). ")
+    copies = _lib.loaded_copies("norma")
     if len(copies) > 1:
         raise NormaLibraryNotFound(
             "two copies of libnorma are loaded (%s): %s links another libnorma than the one "
@@ -254,13 +196,36 @@ def invoker(name, comm):
 def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean=None,
                                 running_var=None, momentum=0.1, layout=None, relu=False,
                                 residual=None, biased_running_var=False, check_finite=False,
-                                comm=None):
+                                comm=None, running_count=None):
     """norma.batch_norm_forward_training with the statistics of the global batch split over
     the ranks of `comm` (default MPI.COMM_WORLD).  Collective: every rank calls.  x may be an
-    empty local batch ([0, C, ...]).  Returns (y, save_mean, save_invstd)."""
-    return _core.forward_training_with(
+    empty local batch ([0, C, ...]).  ``running_count`` (the same on every rank) makes the
+    running statistics count-weighted with the global count
+    (norma_bn_forward_training_counted_mpi).  Returns (y, save_mean, save_invstd)."""
+    target = None
+    if running_count is not None and (running_mean is not None or running_var is not None):
+        rc = _core.running_count_inout(running_count)
+        if ctypes.c_double.from_address(rc.ptr).value < 0:
+            # not known yet: start from the global count of this batch, which makes this
+            # update PyTorch's (one more collective, once)
+            X = _core.prepare(x, layout)
+            total = (comm or default_comm()).allreduce(int(X.n * X.spatial))
+            target, running_count = running_count, np.array([float(total)])
+    out = _core.forward_training_with(
         invoker("norma_bn_forward_training_mpi", comm), x, gamma, beta, eps, running_mean,
-        running_var, momentum, layout, relu, residual, biased_running_var, check_finite)
+        running_var, momentum, layout, relu, residual, biased_running_var, check_finite,
+        running_count, invoker("norma_bn_forward_training_counted_mpi", comm)
+        if running_count is not None else None)
+    if target is not None:
+        _set_count(target, float(running_count[0]))
+    return out
+
+
+def _set_count(p, value):
+    if _core.is_torch_tensor(p):
+        p.fill_(value)
+    else:
+        p[...] = value
 
 
 def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,

@@ -22,10 +22,17 @@ __all__ = ["load_trace", "summarize", "format_summary", "merge", "layer_table",
            "label_bn_layers", "main"]
 
 # norma event name -> names of the norma.torch autograd ops (torch.profiler) that make it
+# The ops of torch's trace that make norma's calls: the operator of libnorma_torch
+# (norma::batch_norm, training or inference) and its autograd nodes, or the
+# torch.autograd.Functions of the ctypes backend.
 _OWNERS = {
-    "bn_forward_training": ("BatchNormTrainFunction",),
-    "bn_forward_inference": ("BatchNormEvalFunction",),
-    "bn_backward": ("BatchNormTrainFunctionBackward", "BatchNormEvalFunctionBackward"),
+    "BatchNormTrainFunction": ("bn_forward_training",),
+    "BatchNormEvalFunction": ("bn_forward_inference",),
+    "norma::batch_norm": ("bn_forward_training", "bn_forward_inference"),
+    "BatchNormTrainFunctionBackward": ("bn_backward",),
+    "BatchNormEvalFunctionBackward": ("bn_backward",),
+    "torch::autograd::CppNode<norma_torch::BatchNormTrain>": ("bn_backward",),
+    "torch::autograd::CppNode<norma_torch::BatchNormEval>": ("bn_backward",),
 }
 
 
@@ -90,10 +97,8 @@ def format_summary(rows):
 
 
 def _owner_kind(name):
-    for kind, owners in _OWNERS.items():
-        if name in owners:
-            return kind
-    return None
+    """The norma calls an op of torch's trace can make (a tuple), or None."""
+    return _OWNERS.get(name)
 
 
 def merge(torch_events, norma_events):
@@ -118,7 +123,7 @@ def merge(torch_events, norma_events):
     L = len(kinds)
     best = None
     for j in range(len(n_ev) - L + 1):
-        if nk[j:j + L] != kinds:
+        if any(n not in k for n, k in zip(nk[j:j + L], kinds)):
             continue
         # timing fit: the spread of (op middle - call middle) over the pairs
         d = [float(o["ts"]) + float(o["dur"]) / 2 - float(e["ts"]) - float(e["dur"]) / 2
@@ -157,7 +162,7 @@ def layer_table(merged_events):
     the order of the forward; a text table."""
     rows = collections.OrderedDict()
     for e in merged_events:
-        if not str(e.get("name", "")).startswith("norma:"):
+        if not str(e.get("name", "")).startswith("norma:bn_"):
             continue
         a = e.get("args", {})
         layer = a.get("layer", "?")
@@ -179,12 +184,12 @@ def layer_table(merged_events):
 
 def label_bn_layers(model):
     """Wraps the forward of every BatchNorm module of `model` in
-    torch.profiler.record_function("bn:<module name>"), and the backward of norma's modules in
+    torch.profiler.record_function("bn:<module name>"), and its backward (the autograd node
+    that made the module's output, with either backend of norma.torch, or torch's) in
     "bn:<module name>.backward", so that torch.profiler traces (and merge()) name the layers.
     Returns the hook handles (call .remove() on them to undo)."""
     import torch
     from torch import nn
-    from . import torch as nt
     handles = []
     for name, m in model.named_modules():
         if not isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -193,20 +198,37 @@ def label_bn_layers(model):
         def pre(mod, inp, _name=name or type(m).__name__):
             rf = torch.autograd.profiler.record_function("bn:" + _name)
             rf.__enter__()
-            mod.__dict__.setdefault("_norma_rf", []).append(
-                (rf, getattr(nt._PROFILE_LABEL, "name", None)))
-            nt._PROFILE_LABEL.name = _name
+            mod.__dict__.setdefault("_norma_rf", []).append(rf)
 
-        def post(mod, inp, out):
+        def post(mod, inp, out, _name=name or type(m).__name__):
             stack = mod.__dict__.get("_norma_rf")
             if stack:
-                rf, outer = stack.pop()
-                nt._PROFILE_LABEL.name = outer
-                rf.__exit__(None, None, None)
+                stack.pop().__exit__(None, None, None)
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.grad_fn is not None:
+                _label_backward(out, "bn:%s.backward" % _name)
 
         handles.append(m.register_forward_pre_hook(pre))
         handles.append(m.register_forward_hook(post))
     return handles
+
+
+def _label_backward(out, label):
+    """record_function(label) around the autograd node that made `out`: entered by a hook on
+    out's gradient (run just before the node), left by a hook on the node (run just after)."""
+    import torch
+    open_rf = []
+
+    def enter(grad):
+        rf = torch.autograd.profiler.record_function(label)
+        rf.__enter__()
+        open_rf.append(rf)
+
+    def leave(grad_inputs, grad_outputs):
+        if open_rf:
+            open_rf.pop().__exit__(None, None, None)
+
+    out.register_hook(enter)
+    out.grad_fn.register_hook(leave)
 
 
 def main(argv=None):

@@ -89,7 +89,7 @@ def init_params(bn, seed):
 
 
 def check_module(sizes, spatial, dtype, fuse_relu=False, param_grads="mean", steps=2,
-                 momentum=0.1, seed=0):
+                 momentum=0.1, seed=0, count_weighted=False):
     """SyncBatchNorm vs single-process BatchNorm (norma's and torch's) on the global batch."""
     c = 5
     n = sum(sizes)
@@ -97,12 +97,13 @@ def check_module(sizes, spatial, dtype, fuse_relu=False, param_grads="mean", ste
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
     cls = {0: nt.BatchNorm1d, 1: nt.BatchNorm1d, 2: nt.BatchNorm2d, 3: nt.BatchNorm3d}
     tcls = {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
-    ref = cls[len(spatial)](c, momentum=momentum, fuse_relu=fuse_relu).to(pdt)
+    ref = cls[len(spatial)](c, momentum=momentum, fuse_relu=fuse_relu,
+                            count_weighted=count_weighted).to(pdt)
     init_params(ref, seed)
     tref = tcls[len(spatial)](c, momentum=momentum).to(pdt)
-    tref.load_state_dict(ref.state_dict())
+    tref.load_state_dict({k: v for k, v in ref.state_dict().items() if k != "running_count"})
     sbn = nt.SyncBatchNorm(c, momentum=momentum, fuse_relu=fuse_relu,
-                           param_grads=param_grads).to(pdt)
+                           param_grads=param_grads, count_weighted=count_weighted).to(pdt)
     sbn.load_state_dict(ref.state_dict())
     what = "module %s spatial=%s sizes=%s relu=%s %s" % (dtype, spatial, sizes, fuse_relu,
                                                           param_grads)
@@ -113,7 +114,7 @@ def check_module(sizes, spatial, dtype, fuse_relu=False, param_grads="mean", ste
         xr = x.clone().requires_grad_()
         yr = ref(xr, res) if fuse_relu else ref(xr)
         yr.backward(gy)
-        if not fuse_relu and dtype != torch.float16:
+        if not fuse_relu and dtype != torch.float16 and not count_weighted:
             xt = x.clone().requires_grad_()
             yt = tref(xt)
             yt.backward(gy)
@@ -134,7 +135,8 @@ def check_module(sizes, spatial, dtype, fuse_relu=False, param_grads="mean", ste
         factor = SIZE if param_grads == "mean" else 1
         close(sbn.weight.grad * factor, ref.weight.grad, what + " dweight", dtype, scale=n)
         close(sbn.bias.grad * factor, ref.bias.grad, what + " dbias", dtype, scale=n)
-        for name in ("running_mean", "running_var"):
+        for name in ("running_mean", "running_var") + (("running_count",) if count_weighted
+                                                       else ()):
             close(getattr(sbn, name), getattr(ref, name), what + " " + name, pdt)
             same_on_every_rank(getattr(sbn, name), what + " " + name)
         same_on_every_rank(sbn.weight.grad, what + " dweight")
@@ -181,6 +183,68 @@ def check_functional(sizes):
     close(rv, rv_ref, w + " running_var", torch.float64, 100)
     for a, nm in ((sm, "save_mean"), (si, "save_invstd"), (dg, "dgamma"), (rm, "rm")):
         same_on_every_rank(torch.from_numpy(np.ascontiguousarray(a)), w + " " + nm)
+
+
+def check_functional_counted(sizes):
+    """norma.mpi with a running count (norma_bn_forward_training_counted_mpi): the
+    count-weighted update with the global count, against the single-process counted call and
+    against the rule written out; a negative count is started by the global batch; a mismatch
+    of the flag between ranks is rejected on every rank."""
+    c, spatial = 3, (5,)
+    n = sum(sizes)
+    lo, hi = slice_of(sizes)
+    rm_ref, rv_ref, rc_ref = np.zeros(c), np.ones(c), np.array([0.0])
+    rm, rv, rc = rm_ref.copy(), rv_ref.copy(), rc_ref.copy()
+    u = 0.25
+    count = 0.0
+    mean_rule, var_rule = np.zeros(c), np.ones(c)
+    for step in range(3):
+        x, _ = global_batch(n, c, spatial, 40 + step, torch.float64)
+        x = x.numpy()
+        norma.batch_norm_forward_training(x, eps=1e-5, running_mean=rm_ref, running_var=rv_ref,
+                                          momentum=u, running_count=rc_ref)
+        norma.mpi.batch_norm_forward_training(np.ascontiguousarray(x[lo:hi]), eps=1e-5,
+                                              running_mean=rm, running_var=rv, momentum=u,
+                                              running_count=rc, comm=COMM)
+        b = n * 5
+        new = (1 - u) * count + u * b
+        xm = x.transpose(1, 0, 2).reshape(c, -1)
+        mean_rule = ((1 - u) * count * mean_rule + u * b * xm.mean(1)) / new
+        var_rule = ((1 - u) * count * var_rule + u * b * xm.var(1, ddof=1)) / new
+        count = new
+    w = "functional counted"
+    close(rc, [count], w + " running_count", torch.float64, 10)
+    close(rc_ref, [count], w + " running_count (single process)", torch.float64, 10)
+    close(rm, rm_ref, w + " running_mean", torch.float64, 1000)
+    close(rv, rv_ref, w + " running_var", torch.float64, 1000)
+    close(rm, mean_rule, w + " running_mean (rule)", torch.float64, 1e6)
+    close(rv, var_rule, w + " running_var (rule)", torch.float64, 1e6)
+    same_on_every_rank(torch.from_numpy(rm), w + " running_mean")
+    # unknown count (-1): the global batch starts it, which is PyTorch's update
+    rm2, rc2 = np.zeros(c), np.array([-1.0])
+    x, _ = global_batch(n, c, spatial, 50, torch.float64)
+    norma.mpi.batch_norm_forward_training(np.ascontiguousarray(x.numpy()[lo:hi]),
+                                          running_mean=rm2, momentum=u, running_count=rc2,
+                                          comm=COMM)
+    assert rc2[0] == n * 5, rc2
+    close(rm2, u * x.numpy().transpose(1, 0, 2).reshape(c, -1).mean(1), w + " unknown count",
+          torch.float64, 1000)
+    # the flag must agree between ranks
+    rm3 = np.zeros(c)
+    try:
+        if RANK == 0:
+            norma.mpi.batch_norm_forward_training(np.ascontiguousarray(x.numpy()[lo:hi]),
+                                                  running_mean=rm3, running_count=np.zeros(1),
+                                                  comm=COMM)
+        else:
+            norma.mpi.batch_norm_forward_training(np.ascontiguousarray(x.numpy()[lo:hi]),
+                                                  running_mean=rm3, comm=COMM)
+    except norma.NormaError as e:
+        assert e.status_name == "NORMA_ERR_INVALID_ARGUMENT", e
+    else:
+        raise AssertionError("rank %d: a count-weighted rank among plain ones was not rejected"
+                             % RANK)
+    assert not rm3.any(), "written on error"
 
 
 def check_collective_error(sizes):
@@ -265,11 +329,14 @@ def main():
     assert ok, where
 
     check_functional(sizes)
+    check_functional_counted(sizes)
     check_collective_error(sizes)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         check_module(sizes, (3, 4), dtype)
     check_module(sizes, (3, 4), torch.float32, param_grads="sum", momentum=None)
     check_module(sizes, (3, 4), torch.float32, fuse_relu=True)
+    check_module(sizes, (3, 4), torch.float32, count_weighted=True, steps=3)
+    check_module(sizes, (3, 4), torch.float64, count_weighted=True, momentum=None)
     check_module(sizes, (), torch.float32)          # BatchNorm1d on [N, C]
     check_module(sizes, (7,), torch.float32)        # [N, C, L]
     check_module(sizes, (2, 3, 2), torch.float32)   # [N, C, D, H, W]

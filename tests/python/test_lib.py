@@ -30,10 +30,18 @@ def test_every_header_function_is_declared_and_exported():
         "header: %s" % (sorted(set(names) - set(_lib.PROTOTYPES)),
                         sorted(set(_lib.PROTOTYPES) - set(names))))
     L = _lib.lib()
+    missing = set(_lib.missing_functions())
+    # only functions declared ahead of their implementation may be missing (the norm family)
+    assert missing <= _lib.OPTIONAL, sorted(missing - _lib.OPTIONAL)
     for n in names:
+        if n in missing:
+            continue
         fn = getattr(L, n)
         assert fn.argtypes is not None, n
         assert fn.argtypes == _lib.PROTOTYPES[n][1], n
+    if missing:
+        print("declared in norma.h, not exported by %s yet: %s"
+              % (_lib.library_path(), ", ".join(sorted(missing))))
 
 
 def test_argument_counts_match_header():

@@ -77,7 +77,9 @@ def test_single_rank_sync_batchnorm_is_batchnorm():
         ref.weight.uniform_(0.5, 1.5)
         ref.bias.uniform_(-1, 1)
     sbn = nt.SyncBatchNorm(4)
-    assert isinstance(sbn, nn.SyncBatchNorm)
+    # torch's _BatchNorm, not nn.SyncBatchNorm: DistributedDataParallel refuses those on CPU
+    assert isinstance(sbn, nn.modules.batchnorm._BatchNorm)
+    assert not isinstance(sbn, nn.SyncBatchNorm)
     assert list(sbn.state_dict().keys()) == list(ref.state_dict().keys())
     sbn.load_state_dict(ref.state_dict())
     x = torch.randn(3, 4, 5, 5) * 2 + 1

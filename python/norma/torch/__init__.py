@@ -1,0 +1,42 @@
+"""PyTorch integration: drop-in BatchNorm modules, autograd functions, convert() and fold_bn(),
+synchronized BatchNorm (torch.distributed or MPI), precise statistics, non-finite diagnosis.
+
+    import norma.torch as nt
+    bn = nt.BatchNorm2d(64)                 # same arguments, parameters, buffers as nn's
+    model = nt.convert(model)               # every nn.BatchNorm{1,2,3}d -> norma's, state kept
+    inference_model = nt.fold_bn(model)     # BN after Conv/Linear folded into its weights
+    model = nt.convert(model, sync=True)    # SyncBatchNorm: torch.distributed's default group
+                                            # (DDP, gloo), or MPI (mpi4py)
+    model = nt.convert(model, sync=nt.deepest(4))   # only the 4 deepest layers synchronized
+    nt.recompute_bn_stats(model, batches)   # exact population statistics
+
+CPU tensors in float32, float64, bfloat16 (with float32 parameters, as torch's CPU BatchNorm)
+and float16; channels_last (4-D, 5-D) inputs are used in place and give channels_last outputs.
+Inputs the C library cannot take (other devices, other dtypes, empty batches) fall back to
+torch's own implementation in the modules.
+
+The kernels are called through libnorma_torch (PyTorch operators, torch.ops.norma.*) when it
+was built, else through the ctypes binding; backend() says which (see _ops.py).
+"""
+
+from .._lib import NormaError
+from ._ops import backend, extension_status, SAVE_OUTPUT, TORCH_FALLBACK
+from .functional import batch_norm, batch_norm_relu, batch_norm_add_relu
+from .modules import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm,
+                      StreamingBatchNorm)
+from ._sync import SyncBatchNormFunction, sync_batch_norm, sync_timings, default_group
+from .convert import convert, fold_bn, SyncPolicy, deepest, where, synchronized_layers
+from .precise import recompute_bn_stats
+from .diagnose import (detect_nonfinite, NonFiniteError, NonFiniteFinding, AdaptiveGradClip,
+                       bn_parameters)
+
+__all__ = [
+    "batch_norm", "batch_norm_relu", "batch_norm_add_relu",
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "StreamingBatchNorm",
+    "SyncBatchNormFunction", "sync_batch_norm", "sync_timings", "default_group",
+    "convert", "fold_bn", "SyncPolicy", "deepest", "where", "synchronized_layers",
+    "recompute_bn_stats",
+    "detect_nonfinite", "NonFiniteError", "NonFiniteFinding", "AdaptiveGradClip",
+    "bn_parameters",
+    "backend", "extension_status", "NormaError", "SAVE_OUTPUT", "TORCH_FALLBACK",
+]
