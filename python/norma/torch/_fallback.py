@@ -111,11 +111,45 @@ class BatchNormEvalFunction(torch.autograd.Function):
         return _backward(ctx, gy, BN_GLOBAL_STATS) + (None,) * 4
 
 
+class _no_trace:
+    """Python-side checks that a trace must not record (their sizes and counts would appear
+    as graph nodes named after this file's variables, which differ between traces)."""
+
+    def __enter__(self):
+        self.state = torch._C._get_tracing_state()
+        if self.state is not None:
+            torch._C._set_tracing_state(None)
+
+    def __exit__(self, *exc):
+        if self.state is not None:
+            torch._C._set_tracing_state(self.state)
+        return False
+
+
 def batch_norm(input, weight, bias, residual, running_mean, running_var, num_batches_tracked,
                running_count, training, momentum, eps, flags):
     """The ctypes twin of torch.ops.norma.batch_norm (src/torch/bn_ops.cpp)."""
-    if flags & BN_ADD_RELU and residual is None:
-        raise ValueError("NORMA_BN_ADD_RELU needs the residual")
+    if torch.jit.is_tracing():
+        with _no_trace():
+            takes = _norma_takes(input)
+        if takes and not (flags & BN_ADD_RELU and residual.dtype != input.dtype):
+            # one autograd function, which the trace records as one op
+            with _no_trace():
+                factor, bn_training = _module_rules(input, running_mean, running_var,
+                                                    num_batches_tracked, training, momentum)
+            if bn_training:
+                return BatchNormTrainFunction.apply(input, weight, bias, residual, running_mean,
+                                                    running_var, running_count, factor, eps,
+                                                    flags)
+            return BatchNormEvalFunction.apply(input, weight, bias, residual, running_mean,
+                                               running_var, eps, flags)
+    return _batch_norm(input, weight, bias, residual, running_mean, running_var,
+                       num_batches_tracked, running_count, training, momentum, eps, flags)
+
+
+def _module_rules(input, running_mean, running_var, num_batches_tracked, training, momentum):
+    """torch's _BatchNorm.forward: batch or running statistics, the batch counter and the
+    cumulative average of momentum None.  Returns (momentum to use, batch statistics?)."""
     if input.dim() < 2:
         raise ValueError("batch_norm: expected an input of 2 to 5 dimensions, got %d"
                          % input.dim())
@@ -128,6 +162,15 @@ def batch_norm(input, weight, bias, residual, running_mean, running_var, num_bat
             num_batches_tracked.add_(1)
         if momentum is None:
             factor = 1.0 / float(num_batches_tracked)
+    return factor, bn_training
+
+
+def _batch_norm(input, weight, bias, residual, running_mean, running_var, num_batches_tracked,
+                running_count, training, momentum, eps, flags):
+    if flags & BN_ADD_RELU and residual is None:
+        raise ValueError("NORMA_BN_ADD_RELU needs the residual")
+    factor, bn_training = _module_rules(input, running_mean, running_var, num_batches_tracked,
+                                        training, momentum)
     if not _norma_takes(input):
         if not flags & TORCH_FALLBACK:
             if input.dtype not in _SUPPORTED:
@@ -143,8 +186,8 @@ def batch_norm(input, weight, bias, residual, running_mean, running_var, num_bat
         return torch.relu(y) if flags & BN_RELU else y
     if flags & BN_ADD_RELU and residual.dtype != input.dtype:
         # a residual of another dtype (autocast): the add in torch, with its type promotion
-        y = batch_norm(input, weight, bias, None, running_mean, running_var, None, running_count,
-                       training, factor, eps, flags & ~_ACT)
+        y = _batch_norm(input, weight, bias, None, running_mean, running_var, None,
+                        running_count, training, factor, eps, flags & ~_ACT)
         return torch.relu(y + residual)
     grad = torch.is_grad_enabled() and _requires_grad(input, weight, bias, residual)
     if bn_training:

@@ -35,7 +35,7 @@ from torch import nn
 from .. import _lib
 from .._lib import NormaError
 from . import _ops
-from .modules import _NormaBatchNorm, StreamingBatchNorm
+from .modules import StreamingBatchNorm
 
 NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
               nn.LayerNorm, nn.GroupNorm, StreamingBatchNorm)
@@ -208,6 +208,8 @@ class detect_nonfinite:
             x = args[0] if args else kw.get("input")
             self._check_params(name, mod, x)
             self._check_input(name, mod, x)
+            if len(args) > 1 and isinstance(args[1], torch.Tensor):  # the fused residual
+                self._check_input(name, mod, args[1], "residual")
             try:
                 y = cls_forward(mod, *args, **kw)
             except NormaError as e:
@@ -218,13 +220,6 @@ class detect_nonfinite:
             return y
 
         mod.forward = forward
-        if isinstance(mod, _NormaBatchNorm):
-            old_cf = mod.check_finite
-            mod.check_finite = True  # the C library scans x, residual, weight, bias, statistics
-
-            def undo_cf(m=mod, v=old_cf):
-                m.check_finite = v
-            self._undo.append(undo_cf)
 
         def undo(m=mod, o=orig):
             if o is None:
@@ -253,12 +248,12 @@ class detect_nonfinite:
                             "negative running variance (corrupt statistics): "
                             "recompute them (norma.torch.recompute_bn_stats)")
 
-    def _check_input(self, name, mod, x):
+    def _check_input(self, name, mod, x, where="input"):
         if not isinstance(x, torch.Tensor):
             return
         r = _scan(x)
         if r is not None:
-            self._found(name, mod, "input", r[0], r[1], r[2], x, _upstream_cause(x, r[2]))
+            self._found(name, mod, where, r[0], r[1], r[2], x, _upstream_cause(x, r[2]))
 
     def _from_norma_error(self, name, mod, x, e):
         m = _ARG.search(e.detail or "")
