@@ -5,12 +5,16 @@
 #   libopenmpi-dev openmpi-bin SyncBatchNorm over MPI (libnorma_mpi) and its tests
 #   python3-numpy python3-pytest python3-torch python3-mpi4py
 #                              the Python binding, its tests and the PyTorch parity checks
+#   libtorch-dev               Torch's C++ headers and CMake package: libnorma_torch, norma's
+#                              PyTorch operators (without it python/norma uses ctypes)
+#   python3-torchvision        model definitions for examples/bench_torchvision.py
 #   libdnnl-dev                oneDNN, only for the side-by-side benchmark
 #   libjemalloc2               preloaded into the PyTorch benchmark worker (no page faults timed)
 #   libopenblas-dev            the GEMM of the fused Linear -> BN -> ReLU example
 set -euo pipefail
 NORMA_PACKAGES="build-essential cmake pkg-config libopenmpi-dev openmpi-bin python3-numpy \
-python3-pytest python3-torch python3-mpi4py libdnnl-dev libjemalloc2 libopenblas-dev"
+python3-pytest python3-torch libtorch-dev python3-torchvision python3-mpi4py libdnnl-dev \
+libjemalloc2 libopenblas-dev"
 
 norma_install_deps() {
   local missing=()

@@ -11,18 +11,25 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 echo "== build (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$JOBS"
+# libnorma_torch (norma's PyTorch operators) is optional: say plainly whether the Python tests
+# will run it or only the ctypes binding
+if grep -q "^built=ON" build/norma_torch_status.txt 2>/dev/null; then
+  echo "== norma.torch: PyTorch operators built (build/libnorma_torch.so); the tests run them and the ctypes fallback"
+else
+  echo "== norma.torch: PyTorch operators NOT built ($(sed -n 's/^reason=//p' build/norma_torch_status.txt 2>/dev/null)); the Python tests run the ctypes binding only, the extension's tests are SKIPPED"
+fi
 
 echo "== C and MPI tests (ctest)"
 ctest --test-dir build --output-on-failure
 
 echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMA_SANITIZE=ON \
-  -DNORMA_WITH_MPI=OFF -DNORMA_BUILD_TOOLS=OFF
+  -DNORMA_WITH_MPI=OFF -DNORMA_WITH_TORCH=OFF -DNORMA_BUILD_TOOLS=OFF
 cmake --build build-asan -j"$JOBS"
 NORMA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2
 
 echo "== Python tests (pytest, against PyTorch)"
-NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q
+NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q -rs
 
 echo "== install, then find_package(norma) and pkg-config consumers"
 rm -rf build/prefix

@@ -74,6 +74,12 @@ class Group:
             self.size = dist.get_world_size(handle)
             self.rank = dist.get_rank(handle)
 
+    def barrier(self):
+        if self.kind == "torch":
+            _dist().barrier(group=self.handle)
+        else:
+            self.handle.Barrier()
+
     def allgather(self, rec):
         """[size, len(rec)] float64: every rank's record, in rank order."""
         out = torch.empty((self.size, rec.numel()), dtype=torch.float64)
@@ -135,14 +141,17 @@ def verdict(records, group, what, local_detail, need_two, backward=False):
 
 
 class LayerTimes:
-    """Seconds spent by one synchronized layer: local compute and the collective, forward and
-    backward, over `calls` forwards."""
+    """Seconds spent by one synchronized layer over `calls` forwards: local compute, the
+    collective, and (measured by a barrier just before the collective, only while timing)
+    the wait for the slowest rank, forward and backward."""
 
-    __slots__ = ("calls", "fwd_compute", "fwd_comm", "bwd_compute", "bwd_comm")
+    __slots__ = ("calls", "fwd_compute", "fwd_comm", "fwd_wait", "bwd_compute", "bwd_comm",
+                 "bwd_wait")
 
     def __init__(self):
         self.calls = 0
         self.fwd_compute = self.fwd_comm = self.bwd_compute = self.bwd_comm = 0.0
+        self.fwd_wait = self.bwd_wait = 0.0
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,7 +218,10 @@ def _forward_dist(x, weight, bias, residual, running_mean, running_var, running_
     t0 = time.perf_counter()
     rec = ops.bn_record_forward(x, eps, flags)
     detail = local_message(rec)
-    t1 = time.perf_counter()
+    t1 = tw = time.perf_counter()
+    if times is not None:
+        group.barrier()
+        tw = time.perf_counter()
     records = group.allgather(rec)
     t2 = time.perf_counter()
     verdict(records, group, "SyncBatchNorm forward", detail, True)
@@ -220,7 +232,8 @@ def _forward_dist(x, weight, bias, residual, running_mean, running_var, running_
         t3 = time.perf_counter()
         times.calls += 1
         times.fwd_compute += (t1 - t0) + (t3 - t2)
-        times.fwd_comm += t2 - t1
+        times.fwd_wait += tw - t1
+        times.fwd_comm += t2 - tw
     return out
 
 
@@ -230,7 +243,10 @@ def _backward_dist(ctx, gy, x, y, weight, bias, sm, si, need):
     t0 = time.perf_counter()
     rec = ops.bn_record_backward(x, y, gy, weight, bias, sm, si, flags)
     detail = local_message(rec)
-    t1 = time.perf_counter()
+    t1 = tw = time.perf_counter()
+    if ctx.times is not None:
+        ctx.group.barrier()
+        tw = time.perf_counter()
     records = ctx.group.allgather(rec)
     t2 = time.perf_counter()
     verdict(records, ctx.group, "SyncBatchNorm backward", detail, True, backward=True)
@@ -240,7 +256,8 @@ def _backward_dist(ctx, gy, x, y, weight, bias, sm, si, need):
     if ctx.times is not None:
         t3 = time.perf_counter()
         ctx.times.bwd_compute += (t1 - t0) + (t3 - t2)
-        ctx.times.bwd_comm += t2 - t1
+        ctx.times.bwd_wait += tw - t1
+        ctx.times.bwd_comm += t2 - tw
     return out
 
 
@@ -309,18 +326,20 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, mo
 
 class sync_timings:
     """Context manager: per synchronized BatchNorm layer of `model`, the time of its local
-    compute (norma's moments, merge, normalization; forward and backward) against the time in
-    the collective (the all-gather of the records, which includes waiting for the slowest
-    rank), over the steps run inside it.
+    compute (norma's moments, merge, normalization; forward and backward) against the time of
+    its collective (the all-gather of the records), over the steps run inside it.
 
         with nt.sync_timings(model) as t:
             for x, y in batches: train_step(x, y)
         print(t.table())
 
-    rows() gives per layer: name, calls, and microseconds per call of fwd_compute, fwd_comm,
-    bwd_compute, bwd_comm, plus comm_share = collective / (collective + compute).  Over MPI
-    communicators the exchange is inside one C call: only the totals (compute, comm 0) are
-    known there.
+    While timing, a barrier before each collective separates the wait for the slowest rank
+    (skew: uneven batches, a busy core) from the exchange itself; the barrier adds one more
+    collective per layer and direction, so time steps outside this context for throughput.
+    rows() gives per layer: name, channels, calls, and microseconds per call of fwd_compute,
+    fwd_comm, fwd_wait, bwd_compute, bwd_comm, bwd_wait, plus comm_share = exchange /
+    (exchange + compute).  Over MPI communicators the exchange is inside one C call: only
+    the totals are known there (reported as compute).
     """
 
     def __init__(self, model):
@@ -340,13 +359,15 @@ class sync_timings:
             m._sync_times = None
         return False
 
+    _FIELDS = ("fwd_compute", "fwd_comm", "fwd_wait", "bwd_compute", "bwd_comm", "bwd_wait")
+
     def rows(self):
         out = []
         for name, m, t in self.layers:
             n = max(t.calls, 1)
-            r = {"layer": name, "channels": m.num_features, "calls": t.calls,
-                 "fwd_compute_us": 1e6 * t.fwd_compute / n, "fwd_comm_us": 1e6 * t.fwd_comm / n,
-                 "bwd_compute_us": 1e6 * t.bwd_compute / n, "bwd_comm_us": 1e6 * t.bwd_comm / n}
+            r = {"layer": name, "channels": m.num_features, "calls": t.calls}
+            for f in self._FIELDS:
+                r[f + "_us"] = 1e6 * getattr(t, f) / n
             comm = r["fwd_comm_us"] + r["bwd_comm_us"]
             comp = r["fwd_compute_us"] + r["bwd_compute_us"]
             r["comm_share"] = comm / (comm + comp) if comm + comp > 0 else 0.0
@@ -354,16 +375,19 @@ class sync_timings:
         return out
 
     def table(self):
-        lines = ["%-28s %6s %6s %11s %11s %11s %11s %6s" % (
-            "layer", "C", "calls", "fwd comp us", "fwd coll us", "bwd comp us", "bwd coll us",
-            "coll%")]
-        tot = [0.0] * 4
+        head = ("layer", "C", "calls", "fwd comp", "fwd coll", "fwd wait", "bwd comp",
+                "bwd coll", "bwd wait", "coll %")
+        fmt = "%-24s %5s %5s" + " %9s" * 6 + " %6s"
+        lines = [fmt % head]
+        tot = [0.0] * 6
         for r in self.rows():
-            vals = [r["fwd_compute_us"], r["fwd_comm_us"], r["bwd_compute_us"], r["bwd_comm_us"]]
+            vals = [r[f + "_us"] for f in self._FIELDS]
             tot = [a + b for a, b in zip(tot, vals)]
-            lines.append("%-28s %6d %6d %11.1f %11.1f %11.1f %11.1f %5.0f%%" % (
-                r["layer"][:28], r["channels"], r["calls"], *vals, 100 * r["comm_share"]))
-        comm, comp = tot[1] + tot[3], tot[0] + tot[2]
-        lines.append("%-28s %6s %6s %11.1f %11.1f %11.1f %11.1f %5.0f%%" % (
-            "total per step", "", "", *tot, 100 * comm / (comm + comp) if comm + comp else 0))
-        return "\n".join(lines)
+            lines.append(fmt % ((r["layer"][:24], r["channels"], r["calls"]) +
+                                tuple("%.1f" % v for v in vals) +
+                                ("%.0f" % (100 * r["comm_share"]),)))
+        comm, comp = tot[1] + tot[4], tot[0] + tot[3]
+        lines.append(fmt % (("total per step", "", "") + tuple("%.1f" % v for v in tot) +
+                            ("%.0f" % (100 * comm / (comm + comp) if comm + comp else 0),)))
+        return "\n".join(lines) + "\n(microseconds per call: compute = norma's local work, " \
+            "coll = the all-gather, wait = for the slowest rank)"
