@@ -116,6 +116,47 @@ class BnDesc(ctypes.Structure):
             self.n, self.c, self.spatial, self.layout, self.dtype, self.eps, self.flags)
 
 
+class LnDesc(ctypes.Structure):
+    """norma_ln_desc (LayerNorm and RMSNorm)."""
+
+    _fields_ = [
+        ("rows", ctypes.c_int64),
+        ("d", ctypes.c_int64),
+        ("dtype", ctypes.c_int),  # norma_dtype
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+class GnDesc(ctypes.Structure):
+    """norma_gn_desc (GroupNorm)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+        ("groups", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+class InDesc(ctypes.Structure):
+    """norma_in_desc (InstanceNorm)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
 class BnPlan(ctypes.Structure):
     """norma_bn_plan (filled by norma_bn_query_plan)."""
 
@@ -195,6 +236,35 @@ PROTOTYPES = {
                                           _vp, _i64, _vp, _vp]),
     # (d, sum_dy, sum_dy_xhat, sum_xhat, count, dgamma, dbeta)
     "norma_bn_param_grads": (_status, [_pdesc, _vp, _vp, _vp, _i64, _vp, _vp]),
+    # running statistics: (d, count, mean, var, running_mean, running_var, running_count, momentum)
+    "norma_bn_running_update": (_status, [_pdesc, _i64, _vp, _vp, _vp, _vp, _vp, _dbl]),
+    # (d, x, residual, gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
+    #  running_count, momentum)
+    "norma_bn_forward_training_counted": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                                    _vp, _vp, _vp, _dbl]),
+    # the norm family
+    # (d, x, residual, gamma, beta, y, sum, save_mean, save_invstd)
+    "norma_ln_forward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, dy, dsum, gamma, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_ln_backward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp]),
+    # (d, x, residual, gamma, y, sum, save_invrms)
+    "norma_rms_forward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, dy, dsum, gamma, save_invrms, dx, dgamma)
+    "norma_rms_backward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, gamma, beta, y, save_mean, save_invstd)
+    "norma_gn_forward": (_status, [ctypes.POINTER(GnDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_gn_backward": (_status, [ctypes.POINTER(GnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp, _vp]),
+    # (d, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum)
+    "norma_in_forward_training": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp,
+                                            _vp, _vp, _dbl]),
+    # (d, x, gamma, beta, mean, var, y)
+    "norma_in_forward_inference": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
+    # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
+    "norma_in_backward": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp, _vp]),
 }
 
 _LOCK = threading.Lock()

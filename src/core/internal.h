@@ -64,7 +64,7 @@ typedef struct bn_problem {
   int act;            /* BN_ACT_* */
 } bn_problem;
 
-enum { BN_ACT_NONE = 0, BN_ACT_RELU = 1, BN_ACT_ADD_RELU = 2 };
+enum { BN_ACT_NONE = 0, BN_ACT_RELU = 1, BN_ACT_ADD_RELU = 2, BN_ACT_SILU = 3 };
 
 /* Offset (in elements) of value (n, channel, s) of the tensor. */
 static inline int64_t bn_index(const bn_problem *p, int64_t n, int64_t ch, int64_t s) {

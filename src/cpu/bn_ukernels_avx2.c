@@ -486,7 +486,7 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
     default: { const int a_ = BN_ACT_NONE | (act & BN_STORE_NT); call; break; }          \
   }
 
-#define INSTANCE(sfx, DT)                                                                       \
+#define INSTANCE(sfx, DT, NT_)                                                                       \
   static void stats_run_##sfx(const void *x, int64_t len, const void *k, double out[3]) {       \
     stats_run(x, len, k, out, DT);                                                              \
   }                                                                                             \
@@ -496,37 +496,61 @@ AI void bwd_rows(const void *v, const void *y, const void *dy, void *dx, void *d
   }                                                                                             \
   static void fwd_run_##sfx(const void *x, const void *res, void *y, int64_t len,               \
                             const void *cst, int64_t cs, int act) {                             \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->fwd_run(x, res, y, len, cst, cs, act);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(fwd_run(x, res, y, len, cst, cs, a_, DT))                                            \
   }                                                                                             \
   static void fwd_rows_##sfx(const void *x, const void *res, void *y, int64_t rows, int64_t ld, \
                              int64_t nc, const void *cst, int64_t cs, int act) {                \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->fwd_rows(x, res, y, rows, ld, nc, cst, cs, act);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(fwd_rows(x, res, y, rows, ld, nc, cst, cs, a_, DT))                                  \
   }                                                                                             \
   static void bwd_sums_run_##sfx(const void *v, const void *y, const void *dy, int64_t len,     \
                                  const void *cst, int64_t cs, int act, double out[3]) {         \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->bwd_sums_run(v, y, dy, len, cst, cs, act, out);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(bwd_sums_run(v, y, dy, len, cst, cs, a_, out, DT))                                   \
   }                                                                                             \
   static void bwd_sums_rows_##sfx(const void *v, const void *y, const void *dy, int64_t rows,   \
                                   int64_t ld, int64_t nc, const void *cst, int64_t cs, int act, \
                                   double *o1, double *o2, double *o3) {                         \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->bwd_sums_rows(v, y, dy, rows, ld, nc, cst, cs, act, o1, o2, o3);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(bwd_sums_rows(v, y, dy, rows, ld, nc, cst, cs, a_, o1, o2, o3, DT))                  \
   }                                                                                             \
   static void bwd_run_##sfx(const void *v, const void *y, const void *dy, void *dx, void *dres, \
                             int64_t len, const void *cst, int64_t cs, int act) {                \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->bwd_run(v, y, dy, dx, dres, len, cst, cs, act);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(bwd_run(v, y, dy, dx, dres, len, cst, cs, a_, DT))                                   \
   }                                                                                             \
   static void bwd_rows_##sfx(const void *v, const void *y, const void *dy, void *dx,            \
                              void *dres, int64_t rows, int64_t ld, int64_t nc, const void *cst, \
                              int64_t cs, int act) {                                             \
+    if ((act & BN_ACT_MASK) == BN_ACT_SILU) { /* the portable kernel */             \
+      bn_ukernels_scalar(NT_)->bwd_rows(v, y, dy, dx, dres, rows, ld, nc, cst, cs, act);                                           \
+      return;                                                                    \
+    }                                                                            \
     BY_ACT(bwd_rows(v, y, dy, dx, dres, rows, ld, nc, cst, cs, a_, DT))                         \
   }                                                                                             \
   static const bn_ukernels table_##sfx = {stats_run_##sfx,    stats_rows_##sfx,    fwd_run_##sfx, \
                                           fwd_rows_##sfx,     bwd_sums_run_##sfx,                \
                                           bwd_sums_rows_##sfx, bwd_run_##sfx,      bwd_rows_##sfx};
 
-INSTANCE(f32, S_F32)
-INSTANCE(f16, S_F16)
-INSTANCE(bf16, S_BF16)
+INSTANCE(f32, S_F32, NORMA_F32)
+INSTANCE(f16, S_F16, NORMA_F16)
+INSTANCE(bf16, S_BF16, NORMA_BF16)
 
 const bn_ukernels *bn_ukernels_avx2(norma_dtype t) {
   switch (t) {

@@ -1,4 +1,5 @@
 /* bn_ukernels_scalar.c - the portable micro-kernels, one instance per storage dtype. */
+#include <math.h>
 #include <stddef.h>
 
 #include "convert.h"
@@ -10,6 +11,7 @@
 #define UK_STORE(v) (v)
 #define UK_NAME(f) f##_f32
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -17,6 +19,7 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
 
 #define UK_T double
 #define UK_S double
@@ -24,6 +27,7 @@
 #define UK_STORE(v) (v)
 #define UK_NAME(f) f##_f64
 #define UK_ANCHOR bn_stats_anchor_f64
+#define UK_EXP exp
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -31,6 +35,7 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
 
 #define UK_T float
 #define UK_S uint16_t
@@ -38,6 +43,7 @@
 #define UK_STORE(v) norma__f32_to_f16(v)
 #define UK_NAME(f) f##_f16
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -45,6 +51,7 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
 
 #define UK_T float
 #define UK_S uint16_t
@@ -52,6 +59,7 @@
 #define UK_STORE(v) norma__f32_to_bf16(v)
 #define UK_NAME(f) f##_bf16
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -59,6 +67,7 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
 
 const bn_ukernels *bn_ukernels_scalar(norma_dtype t) {
   switch (t) {
