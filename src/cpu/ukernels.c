@@ -17,8 +17,14 @@ static const bn_ukernels *native(norma_isa isa, norma_dtype t) {
 #ifdef NORMA_HAVE_AVX2
     case NORMA_ISA_AVX2: return bn_ukernels_avx2(t);
 #endif
+#ifdef NORMA_HAVE_AVX2
+    case NORMA_ISA_AVX512:
+      if (norma__avx512_emulated()) return bn_ukernels_emu16(t);
 #ifdef NORMA_HAVE_AVX512
-    case NORMA_ISA_AVX512: return bn_ukernels_avx512(t);
+      return bn_ukernels_avx512(t);
+#else
+      return NULL;
+#endif
 #endif
     default: return NULL;
   }
