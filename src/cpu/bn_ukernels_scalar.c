@@ -12,6 +12,7 @@
 #define UK_NAME(f) f##_f32
 #define UK_ANCHOR bn_stats_anchor_f32
 #define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -20,6 +21,7 @@
 #undef UK_NAME
 #undef UK_ANCHOR
 #undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T double
 #define UK_S double
@@ -28,6 +30,7 @@
 #define UK_NAME(f) f##_f64
 #define UK_ANCHOR bn_stats_anchor_f64
 #define UK_EXP exp
+#define UK_SCALE bn_stats_scale_f64
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -36,6 +39,7 @@
 #undef UK_NAME
 #undef UK_ANCHOR
 #undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T float
 #define UK_S uint16_t
@@ -44,6 +48,7 @@
 #define UK_NAME(f) f##_f16
 #define UK_ANCHOR bn_stats_anchor_f32
 #define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -52,6 +57,7 @@
 #undef UK_NAME
 #undef UK_ANCHOR
 #undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T float
 #define UK_S uint16_t
@@ -60,6 +66,7 @@
 #define UK_NAME(f) f##_bf16
 #define UK_ANCHOR bn_stats_anchor_f32
 #define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -68,6 +75,7 @@
 #undef UK_NAME
 #undef UK_ANCHOR
 #undef UK_EXP
+#undef UK_SCALE
 
 const bn_ukernels *bn_ukernels_scalar(norma_dtype t) {
   switch (t) {

@@ -22,7 +22,9 @@
  * symmetric "exact statistics" fills come out exact.  The block then contributes, relative to
  * the channel's anchor K (the first block's kb), t1 = S1 + L*delta and
  * t2 = S2 + 2*delta*S1 + L*delta^2 with delta = kb - K, in double: additive, exact on such
- * data, and cancelling only in double.  See bn_stats_anchor().
+ * data, and cancelling only in double.  See bn_stats_anchor().  The deviations are summed
+ * scaled by a power of two S set by the block's range (bn_stats_scale_f32), so that tiny or
+ * huge spreads neither underflow nor overflow f32; s1 / S and s2 / S^2 are taken in double.
  */
 #ifndef NORMA_UKERNELS_H
 #define NORMA_UKERNELS_H
@@ -132,6 +134,34 @@ static inline double bn_stats_anchor_f64(double sum, double mn, double mx, doubl
   const double t = mean * iq;
   if (!(t < 0x1p51 && t > -0x1p51)) return mean;
   return ((t + 0x1.8p52) - 0x1.8p52) * q;
+}
+
+/* The scale of a block's deviations: S = 2^-E with 2^E <= range < 2^(E+1) (clamped to the
+   normal floats), so that the f32 sums of (x - kb) * S and its square neither underflow (a
+   channel whose spread is ~1e-42) nor overflow (~1e30).  S is a power of two: on ordinary data
+   the scaled sums are the unscaled ones times S exactly, and dividing by S (S^2) in double
+   restores them. */
+static inline float bn_stats_scale_f32(float range) {
+  if (!(range > 0.0f)) return 1.0f; /* constant block (and NaN): no deviations to scale */
+  uint32_t u;
+  memcpy(&u, &range, 4);
+  int e = (int)((u >> 23) & 0xffu), b = 254 - e;
+  b = b < 1 ? 1 : b > 254 ? 254 : b;
+  const uint32_t sb = (uint32_t)b << 23;
+  float sc;
+  memcpy(&sc, &sb, 4);
+  return sc;
+}
+static inline double bn_stats_scale_f64(double range) {
+  if (!(range > 0.0)) return 1.0;
+  uint64_t u;
+  memcpy(&u, &range, 8);
+  int64_t e = (int64_t)((u >> 52) & 0x7ffu), b = 2046 - e;
+  b = b < 1 ? 1 : b > 2046 ? 2046 : b;
+  const uint64_t sb = (uint64_t)b << 52;
+  double sc;
+  memcpy(&sc, &sb, 8);
+  return sc;
 }
 
 /* a block's contribution relative to the channel anchor K: t1, t2 (see above) */
