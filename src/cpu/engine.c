@@ -150,7 +150,7 @@ static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int6
     jb->uk->stats_run(tptr(jb, jb->x, e), len, NULL, out); /* t1, t2, anchor */
   else
     jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len,
-                         cst_at(jb, u, ch - u->j0), u->cs, g->act, out);
+                         cst_at(jb, u, ch - u->j0), u->cs, jb->act, out);
 }
 
 static int64_t cf_chunk_len(const norm_job *jb, int64_t q) {
@@ -190,7 +190,7 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
           for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
       } else {
         jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
-                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, g->act, blk[0],
+                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act, blk[0],
                               blk[1], blk[2]);
         for (int k = 0; k < 3; k++)
           for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
@@ -278,6 +278,12 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
   }
   if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
     unit_merge_groups(jb, u, (double)g->s);
+}
+
+void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u) {
+  norm_job t = *jb; /* a copy: other threads run other units of jb meanwhile */
+  t.nsums = SUMS_BWD, t.act = BN_ACT_NONE, t.dy = t.x, t.y = NULL;
+  unit_reduce(&t, u);
 }
 
 /* ---- apply ------------------------------------------------------------------------------ */
@@ -601,6 +607,7 @@ static int forced_schedule(void) {
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
+  jb->act = g->act;
   norm_job_kernels(jb);
   jb->nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
   jb->unit = g->c;

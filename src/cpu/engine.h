@@ -61,6 +61,7 @@ struct norm_job {
   int fused;       /* units end to end (else BatchNorm's split schedule) */
   int store;       /* BN_STORE_NT when outputs bypass the cache */
   int nsums;       /* SUMS_* */
+  int act;         /* the activation the reduction kernels see (the geometry's) */
   int apply;       /* apply after finalize */
   /* tensors */
   const void *x, *res, *y, *dy;
@@ -114,6 +115,12 @@ static inline void norm_moments_of(const norm_unit *u, int64_t jrel, double cnt,
   *mean = u->tot[2 * u->ts + jrel] + t1 / cnt;
   *m2 = v < 0.0 ? 0.0 : v; /* rounding can go below 0; NaN passes */
 }
+
+/* The backward's third sum alone, sum x_hat per channel of the unit into u->tot[2 * ts + j]
+   (u->tot is overwritten), with the unit's current x_hat constants: the op's prepare uses it
+   to remove the offset of a rounded saved mean before the activation's derivative needs
+   x_hat (SiLU). */
+void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u);
 
 /* ---- shared by the engine and the row path -------------------------------------------- */
 

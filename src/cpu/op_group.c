@@ -87,6 +87,20 @@ static void prepare_xhat(norm_job *jb, norm_unit *u) {
     norm_cst_set(jb, u, C_ZS, j, norma__param(g->dt, a->gamma, ch, 1.0));
     norm_cst_set(jb, u, C_ZB, j, norma__param(g->dt, a->beta, ch, 0.0));
   }
+  if (g->act != NORM_ACT_SILU) return;
+  /* silu'(z) needs z = x_hat * gamma + beta with the x_hat of the batch mean: remove the offset
+     s = mean(x_hat) that the rounded save_mean leaves (the rule of norm_xhat_offset) before
+     the reduction, through the x_hat constant c */
+  norm_unit_xhat_sums(jb, u);
+  const double M = (double)g->count;
+  for (int64_t j = 0; j < u->nc; j += g->cpg) {
+    double S3 = 0.0;
+    for (int64_t k = 0; k < g->cpg; k++) S3 += u->tot[2 * u->ts + j + k];
+    const double s = norm_xhat_offset(S3, M);
+    if (s == 0.0) continue;
+    for (int64_t k = 0; k < g->cpg; k++)
+      norm_cst_set(jb, u, C_C, j + k, norm_cst_get(jb, u, C_C, j + k) - s);
+  }
 }
 
 static void finalize_backward(norm_job *jb, norm_unit *u) {

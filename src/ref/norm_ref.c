@@ -180,7 +180,7 @@ static double xhat_at(const norm_geom *g, const norm_bwd_args *a, int64_t e, int
 
 /* the gradient reaching the normalization: dy through the activation's derivative */
 static double g_at(const norm_geom *g, const norm_bwd_args *a, int64_t e, int64_t ch,
-                   double xh) {
+                   double xh) { /* xh: the x_hat of the batch mean (offset removed) */
   const double d = norma__load(g->dt, a->dy, e);
   switch (g->act) {
     case NORM_ACT_RELU:
@@ -208,10 +208,18 @@ static norma_status ref_backward(const norm_geom *g, norm_bwd_mode mode, const n
     double mean, is;
     bwd_stats(g, a, G, &mean, &is);
     if (g->rms) mean = 0.0;
+    /* SiLU's derivative needs z of the batch mean: the x_hat offset s0 of a rounded saved
+       mean first (norm_xhat_offset's rule) */
+    double s0 = 0.0;
+    if (g->act == NORM_ACT_SILU) {
+      double t = 0.0;
+      FOR_GROUP(g, r, i, ch, e) t += xhat_at(g, a, e, ch, mean, is);
+      s0 = norm_xhat_offset(t, (double)g->count);
+    }
     /* S1 = sum gamma g, S2 = sum gamma g x_hat, S3 = sum x_hat (BN split reduce: unweighted) */
     double S1 = 0.0, S2 = 0.0, S3 = 0.0, U1 = 0.0, U2 = 0.0;
     FOR_GROUP(g, r, i, ch, e) {
-      const double xh = xhat_at(g, a, e, ch, mean, is), gi = g_at(g, a, e, ch, xh);
+      const double xh = xhat_at(g, a, e, ch, mean, is) - s0, gi = g_at(g, a, e, ch, xh);
       const double gm = norma__param(g->dt, a->gamma, ch, 1.0);
       S1 += gm * gi, S2 += gm * gi * xh, S3 += xh;
       U1 += gi, U2 += gi * xh;
@@ -233,7 +241,7 @@ static norma_status ref_backward(const norm_geom *g, norm_bwd_mode mode, const n
     }
     const double S2c = S2 - s * S1; /* sum gamma g (x_hat - s) */
     FOR_GROUP(g, r, i, ch, e) {
-      const double xh = xhat_at(g, a, e, ch, mean, is), gi = g_at(g, a, e, ch, xh);
+      const double xh = xhat_at(g, a, e, ch, mean, is) - s0, gi = g_at(g, a, e, ch, xh);
       const double gm = norma__param(g->dt, a->gamma, ch, 1.0);
       double v = is * gm * gi;
       if (!global) v = is * (gm * gi - (g->rms ? 0.0 : S1 / cnt) - (xh - s) * S2c / cnt);
