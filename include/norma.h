@@ -167,7 +167,10 @@ typedef struct norma_bn_desc {
  * Flags used: RELU, ADD_RELU (not both), BIASED_RUNNING_VAR, CHECK_FINITE (x, residual, gamma,
  * beta, running statistics).  NaN/Inf in x without CHECK_FINITE propagate into y and the
  * statistics of their channel.  var == 0 with eps == 0 gives invstd = 0 in that channel, so
- * y = beta there (and the backward's dx = 0), as PyTorch does.
+ * y = beta there (and the backward's dx = 0), as PyTorch does.  The statistics stay exact
+ * whatever the scale of the data, and y is right whenever the exact y is finite: a channel
+ * whose gamma * invstd exceeds the compute type (f32 data with a spread below ~1e-38 and
+ * eps = 0) is normalized in double, and its save_invstd is +Inf.
  *
  * Errors: NORMA_ERR_INVALID_ARGUMENT, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_NONFINITE.
  */

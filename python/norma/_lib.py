@@ -123,6 +123,47 @@ class BnDesc(ctypes.Structure):
             self.n, self.c, self.spatial, self.layout, self.dtype, self.eps, self.flags)
 
 
+class LnDesc(ctypes.Structure):
+    """norma_ln_desc (LayerNorm and RMSNorm)."""
+
+    _fields_ = [
+        ("rows", ctypes.c_int64),
+        ("d", ctypes.c_int64),
+        ("dtype", ctypes.c_int),  # norma_dtype
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+class GnDesc(ctypes.Structure):
+    """norma_gn_desc (GroupNorm)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+        ("groups", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+class InDesc(ctypes.Structure):
+    """norma_in_desc (InstanceNorm)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("eps", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+    ]
+
+
 class BnPlan(ctypes.Structure):
     """norma_bn_plan (filled by norma_bn_query_plan)."""
 
@@ -143,38 +184,12 @@ class BnPlan(ctypes.Structure):
         return "BnPlan(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
-class LnDesc(ctypes.Structure):
-    """norma_ln_desc (LayerNorm, RMSNorm)."""
-
-    _fields_ = [("rows", ctypes.c_int64), ("d", ctypes.c_int64), ("dtype", ctypes.c_int),
-                ("eps", ctypes.c_double), ("flags", ctypes.c_uint)]
-
-
-class GnDesc(ctypes.Structure):
-    """norma_gn_desc (GroupNorm)."""
-
-    _fields_ = [("n", ctypes.c_int64), ("c", ctypes.c_int64), ("spatial", ctypes.c_int64),
-                ("groups", ctypes.c_int64), ("layout", ctypes.c_int), ("dtype", ctypes.c_int),
-                ("eps", ctypes.c_double), ("flags", ctypes.c_uint)]
-
-
-class InDesc(ctypes.Structure):
-    """norma_in_desc (InstanceNorm)."""
-
-    _fields_ = [("n", ctypes.c_int64), ("c", ctypes.c_int64), ("spatial", ctypes.c_int64),
-                ("layout", ctypes.c_int), ("dtype", ctypes.c_int), ("eps", ctypes.c_double),
-                ("flags", ctypes.c_uint)]
-
-
 _vp = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _int = ctypes.c_int
 _dbl = ctypes.c_double
 _status = ctypes.c_int  # norma_status
 _pdesc = ctypes.POINTER(BnDesc)
-_pln = ctypes.POINTER(LnDesc)
-_pgn = ctypes.POINTER(GnDesc)
-_pin = ctypes.POINTER(InDesc)
 
 # name: (restype, [argtypes]); every function of include/norma.h.
 PROTOTYPES = {
@@ -199,13 +214,6 @@ PROTOTYPES = {
     # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dresidual, dgamma, dbeta)
     "norma_bn_backward": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
                                     _vp]),
-    # count-weighted running statistics
-    # (d, count, mean[double], var[double], running_mean, running_var, running_count[double],
-    #  momentum)
-    "norma_bn_running_update": (_status, [_pdesc, _i64, _vp, _vp, _vp, _vp, _vp, _dbl]),
-    # norma_bn_forward_training's arguments + running_count[double] before momentum
-    "norma_bn_forward_training_counted": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
-                                                    _vp, _vp, _vp, _dbl]),
     # plan introspection: (d, op, plan)
     "norma_bn_query_plan": (_status, [_pdesc, _int, ctypes.POINTER(BnPlan)]),
     # inference folding
@@ -235,26 +243,35 @@ PROTOTYPES = {
                                           _vp, _i64, _vp, _vp]),
     # (d, sum_dy, sum_dy_xhat, sum_xhat, count, dgamma, dbeta)
     "norma_bn_param_grads": (_status, [_pdesc, _vp, _vp, _vp, _i64, _vp, _vp]),
+    # running statistics: (d, count, mean, var, running_mean, running_var, running_count, momentum)
+    "norma_bn_running_update": (_status, [_pdesc, _i64, _vp, _vp, _vp, _vp, _vp, _dbl]),
+    # (d, x, residual, gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
+    #  running_count, momentum)
+    "norma_bn_forward_training_counted": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                                    _vp, _vp, _vp, _dbl]),
     # the norm family
     # (d, x, residual, gamma, beta, y, sum, save_mean, save_invstd)
-    "norma_ln_forward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_ln_forward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
     # (d, x, dy, dsum, gamma, save_mean, save_invstd, dx, dgamma, dbeta)
-    "norma_ln_backward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_ln_backward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp]),
     # (d, x, residual, gamma, y, sum, save_invrms)
-    "norma_rms_forward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_rms_forward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
     # (d, x, dy, dsum, gamma, save_invrms, dx, dgamma)
-    "norma_rms_backward": (_status, [_pln, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_rms_backward": (_status, [ctypes.POINTER(LnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
     # (d, x, gamma, beta, y, save_mean, save_invstd)
-    "norma_gn_forward": (_status, [_pgn, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_gn_forward": (_status, [ctypes.POINTER(GnDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
     # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
-    "norma_gn_backward": (_status, [_pgn, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_gn_backward": (_status, [ctypes.POINTER(GnDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp, _vp]),
     # (d, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum)
-    "norma_in_forward_training": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
-                                            _dbl]),
+    "norma_in_forward_training": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp,
+                                            _vp, _vp, _dbl]),
     # (d, x, gamma, beta, mean, var, y)
-    "norma_in_forward_inference": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_in_forward_inference": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp]),
     # (d, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta)
-    "norma_in_backward": (_status, [_pin, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp]),
+    "norma_in_backward": (_status, [ctypes.POINTER(InDesc), _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                    _vp, _vp]),
 }
 
 # Declared in norma.h, implemented in a later libnorma: a library without them still loads

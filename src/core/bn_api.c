@@ -137,8 +137,11 @@ static norma_status forward_training(const char *fn, const norma_bn_desc *d, con
   const norm_running_rule run = norm_running_rule_make(p.flags, momentum, (double)p.m,
                                                        counting ? running_count : NULL, &n1);
   const double t0 = bn_trace_begin();
-  norma_status st = bn_impl_current()->fwd_training(&p, x, residual, gamma, beta, y, save_mean,
-                                                    save_invstd, running_mean, running_var, &run);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_fwd_args a = {.x = x, .res = residual, .gamma = gamma, .beta = beta, .y = y,
+                           .save_mean = save_mean, .save_invstd = save_invstd,
+                           .running_mean = running_mean, .running_var = running_var, .run = &run};
+  norma_status st = norm_impl_current()->forward(&g, NORM_FWD_TRAINING, &a);
   if (st == NORMA_OK && counting) *running_count = n1;
   bn_trace_end("bn_forward_training", &p, t0, residual ? 3 : 2, st);
   return st;
@@ -176,7 +179,10 @@ norma_status norma_bn_forward_inference(const norma_bn_desc *d, const void *x,
     TRY(bn_check_finite_param(fn, "var", p.dt, var, p.c));
   }
   const double t0 = bn_trace_begin();
-  norma_status st = bn_impl_current()->fwd_inference(&p, x, residual, gamma, beta, mean, var, y);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_fwd_args a = {.x = x, .res = residual, .gamma = gamma, .beta = beta, .y = y,
+                           .mean_in = mean, .var_in = var};
+  norma_status st = norm_impl_current()->forward(&g, NORM_FWD_INFERENCE, &a);
   bn_trace_end("bn_forward_inference", &p, t0, residual ? 3 : 2, st);
   return st;
 }
@@ -232,8 +238,11 @@ norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void
     TRY(bn_check_finite_param(fn, "save_invstd", p.dt, save_invstd, p.c));
   }
   const double t0 = bn_trace_begin();
-  norma_status st = bn_impl_current()->backward(&p, x, y, dy, gamma, beta, save_mean, save_invstd,
-                                                dx, dresidual, dgamma, dbeta);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_bwd_args a = {.x = x, .y = y, .dy = dy, .gamma = gamma, .beta = beta,
+                           .save_mean = save_mean, .save_invstd = save_invstd, .dx = dx,
+                           .dres = dresidual, .dgamma = dgamma, .dbeta = dbeta};
+  norma_status st = norm_impl_current()->backward(&g, NORM_BWD_FULL, &a);
   bn_trace_end("bn_backward", &p, t0, 3 + (x && y ? 1 : 0) + (dresidual ? 1 : 0), st);
   return st;
 }
@@ -258,6 +267,7 @@ norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op op, norma_b
                             .streaming_stores = 0, .reference = 1};
     return NORMA_OK;
   }
-  bn_cpu_query_plan(&p, (int)op, plan);
+  const norm_geom g = norm_geom_bn(&p);
+  norm_cpu_query_plan(&g, (int)op, plan);
   return NORMA_OK;
 }

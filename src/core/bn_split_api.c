@@ -37,7 +37,9 @@ norma_status norma_bn_moments(const norma_bn_desc *d, const void *x, int64_t *co
     for (int64_t j = 0; j < p.c; j++) count[j] = 0, mean[j] = 0.0, m2[j] = 0.0;
     return NORMA_OK;
   }
-  TRY(bn_impl_current()->moments(&p, x, mean, m2));
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_fwd_args a = {.x = x, .mean_out = mean, .m2_out = m2};
+  TRY(norm_impl_current()->forward(&g, NORM_FWD_MOMENTS, &a));
   for (int64_t j = 0; j < p.c; j++) count[j] = p.m;
   return NORMA_OK;
 }
@@ -96,7 +98,7 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
   const size_t es = norma__dtype_size(dtype);
   for (int64_t j0 = 0; j0 < channels; j0 += CHUNK) {
     const int64_t nc = channels - j0 < CHUNK ? channels - j0 : CHUNK;
-    TRY(bn_impl_current()->moments_tile(dtype, rows, nc,
+    TRY(norm_impl_current()->moments_tile(dtype, rows, nc,
                                         (const char *)x + (size_t)(j0 * channel_stride) * es,
                                         row_stride, channel_stride, tm, tm2));
     for (int64_t j = 0; j < nc; j++)
@@ -211,7 +213,10 @@ norma_status norma_bn_forward_apply(const norma_bn_desc *d, const void *x, const
     TRY(bn_check_finite_param(fn, "gamma", p.dt, gamma, p.c));
     TRY(bn_check_finite_param(fn, "beta", p.dt, beta, p.c));
   }
-  return bn_impl_current()->fwd_apply(&p, x, residual, gamma, beta, mean, invstd, y);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_fwd_args a = {.x = x, .res = residual, .gamma = gamma, .beta = beta, .y = y,
+                           .mean_d = mean, .invstd_d = invstd};
+  return norm_impl_current()->forward(&g, NORM_FWD_APPLY, &a);
 }
 
 /* Shared checks of backward_reduce / backward_apply: which of x / y are needed. */
@@ -269,8 +274,11 @@ norma_status norma_bn_backward_reduce(const norma_bn_desc *d, const void *x, con
     TRY(bn_check_finite(fn, "y", p.dt, y, p.total));
     TRY(bn_check_finite(fn, "dy", p.dt, dy, p.total));
   }
-  return bn_impl_current()->bwd_reduce(&p, x, y, dy, gamma, beta, mean, invstd, sum_dy,
-                                       sum_dy_xhat, sum_xhat);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_bwd_args a = {.x = x, .y = y, .dy = dy, .gamma = gamma, .beta = beta,
+                           .mean_d = mean, .invstd_d = invstd, .o_dy = sum_dy,
+                           .o_dy_xhat = sum_dy_xhat, .o_xhat = sum_xhat};
+  return norm_impl_current()->backward(&g, NORM_BWD_REDUCE, &a);
 }
 
 norma_status norma_bn_backward_apply(const norma_bn_desc *d, const void *x, const void *y,
@@ -316,9 +324,12 @@ norma_status norma_bn_backward_apply(const norma_bn_desc *d, const void *x, cons
     TRY(bn_check_finite(fn, "y", p.dt, y, p.total));
     TRY(bn_check_finite(fn, "dy", p.dt, dy, p.total));
   }
-  return bn_impl_current()->bwd_apply(&p, x, y, dy, gamma, beta, mean, invstd, sum_dy,
-                                      sum_dy_xhat, global ? NULL : sum_xhat, count, dx,
-                                      dresidual);
+  const norm_geom g = norm_geom_bn(&p);
+  const norm_bwd_args a = {.x = x, .y = y, .dy = dy, .gamma = gamma, .beta = beta,
+                           .mean_d = mean, .invstd_d = invstd, .sum_dy = sum_dy,
+                           .sum_dy_xhat = sum_dy_xhat, .sum_xhat = global ? NULL : sum_xhat,
+                           .count = count, .dx = dx, .dres = dresidual};
+  return norm_impl_current()->backward(&g, NORM_BWD_APPLY, &a);
 }
 
 norma_status norma_bn_param_grads(const norma_bn_desc *d, const double *sum_dy,

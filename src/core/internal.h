@@ -26,6 +26,9 @@ NORMA_API void norma__record_error(const char *msg);
 int norma__threads(void);     /* threads the next call may use, >= 1 */
 int norma__use_reference(void);
 norma_isa norma__isa(void);   /* the ISA the kernels use now */
+/* 1 when the avx512 level is served by the 16-lane emulation on AVX2 (NORMA_EMULATE_AVX512=1
+   on a CPU without AVX-512: a testing aid) */
+int norma__avx512_emulated(void);
 int64_t norma__l2_bytes(void);/* per-core L2 size, read once (a default when unknown) */
 
 /* ---- dtypes ----------------------------------------------------------------------------- */
@@ -64,7 +67,7 @@ typedef struct bn_problem {
   int act;            /* BN_ACT_* */
 } bn_problem;
 
-enum { BN_ACT_NONE = 0, BN_ACT_RELU = 1, BN_ACT_ADD_RELU = 2 };
+enum { BN_ACT_NONE = 0, BN_ACT_RELU = 1, BN_ACT_ADD_RELU = 2, BN_ACT_SILU = 3 };
 
 /* Offset (in elements) of value (n, channel, s) of the tensor. */
 static inline int64_t bn_index(const bn_problem *p, int64_t n, int64_t ch, int64_t s) {

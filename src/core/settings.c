@@ -58,23 +58,50 @@ static int cpu_has_avx2_fma_f16c(void) {
 #endif
 }
 
+static int cpu_has_avx512(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  /* F, BW, VL, DQ; __builtin_cpu_supports also checks that the OS saves the ZMM state */
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return 0;
+#endif
+}
+
 static norma_isa g_best = (norma_isa)-1; /* best the CPU (and the build) supports */
 static norma_isa g_cap = (norma_isa)-1;  /* user cap */
+static int g_emulated = 0;               /* avx512 served by the AVX2 emulation */
 
 static void isa_init(void) {
   if ((int)g_best >= 0) return;
+  norma_isa best = NORMA_ISA_SCALAR;
 #ifdef NORMA_HAVE_AVX2
-  g_best = cpu_has_avx2_fma_f16c() ? NORMA_ISA_AVX2 : NORMA_ISA_SCALAR;
+  if (cpu_has_avx2_fma_f16c()) best = NORMA_ISA_AVX2;
 #else
   (void)cpu_has_avx2_fma_f16c;
-  g_best = NORMA_ISA_SCALAR;
 #endif
+#ifdef NORMA_HAVE_AVX512
+  if (best == NORMA_ISA_AVX2 && cpu_has_avx512()) best = NORMA_ISA_AVX512;
+#else
+  (void)cpu_has_avx512;
+#endif
+  if (best == NORMA_ISA_AVX2) {
+    const char *e = getenv("NORMA_EMULATE_AVX512");
+    if (e && *e && strcmp(e, "0") != 0) best = NORMA_ISA_AVX512, g_emulated = 1;
+  }
   if ((int)g_cap < 0) {
     const char *e = getenv("NORMA_MAX_ISA");
     g_cap = NORMA_ISA_AVX512;
     if (e && strcmp(e, "scalar") == 0) g_cap = NORMA_ISA_SCALAR;
     if (e && strcmp(e, "avx2") == 0) g_cap = NORMA_ISA_AVX2;
   }
+  g_best = best;
+}
+
+int norma__avx512_emulated(void) {
+  isa_init();
+  return g_emulated;
 }
 
 norma_status norma_set_max_isa(norma_isa isa) {

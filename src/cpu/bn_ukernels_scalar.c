@@ -1,4 +1,5 @@
 /* bn_ukernels_scalar.c - the portable micro-kernels, one instance per storage dtype. */
+#include <math.h>
 #include <stddef.h>
 
 #include "convert.h"
@@ -10,6 +11,8 @@
 #define UK_STORE(v) (v)
 #define UK_NAME(f) f##_f32
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -17,6 +20,8 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T double
 #define UK_S double
@@ -24,6 +29,8 @@
 #define UK_STORE(v) (v)
 #define UK_NAME(f) f##_f64
 #define UK_ANCHOR bn_stats_anchor_f64
+#define UK_EXP exp
+#define UK_SCALE bn_stats_scale_f64
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -31,6 +38,8 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T float
 #define UK_S uint16_t
@@ -38,6 +47,8 @@
 #define UK_STORE(v) norma__f32_to_f16(v)
 #define UK_NAME(f) f##_f16
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -45,6 +56,8 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
+#undef UK_SCALE
 
 #define UK_T float
 #define UK_S uint16_t
@@ -52,6 +65,8 @@
 #define UK_STORE(v) norma__f32_to_bf16(v)
 #define UK_NAME(f) f##_bf16
 #define UK_ANCHOR bn_stats_anchor_f32
+#define UK_EXP expf
+#define UK_SCALE bn_stats_scale_f32
 #include "bn_ukernels_generic.inc"
 #undef UK_T
 #undef UK_S
@@ -59,6 +74,8 @@
 #undef UK_STORE
 #undef UK_NAME
 #undef UK_ANCHOR
+#undef UK_EXP
+#undef UK_SCALE
 
 const bn_ukernels *bn_ukernels_scalar(norma_dtype t) {
   switch (t) {

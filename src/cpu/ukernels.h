@@ -22,7 +22,9 @@
  * symmetric "exact statistics" fills come out exact.  The block then contributes, relative to
  * the channel's anchor K (the first block's kb), t1 = S1 + L*delta and
  * t2 = S2 + 2*delta*S1 + L*delta^2 with delta = kb - K, in double: additive, exact on such
- * data, and cancelling only in double.  See bn_stats_anchor().
+ * data, and cancelling only in double.  See bn_stats_anchor().  The deviations are summed
+ * scaled by a power of two S set by the block's range (bn_stats_scale_f32), so that tiny or
+ * huge spreads neither underflow nor overflow f32; s1 / S and s2 / S^2 are taken in double.
  */
 #ifndef NORMA_UKERNELS_H
 #define NORMA_UKERNELS_H
@@ -38,14 +40,23 @@
    (non-temporal stores); kernels without such stores ignore it */
 #define BN_STORE_NT 0x100
 #define BN_ACT_MASK 0xff
+/* activations: the `act` argument takes BN_ACT_* (internal.h; the values of geom.h's
+   NORM_ACT_*) */
 
 /* indices of the per-channel constants */
 enum {
   /* forward apply: y = act((x - C_MHI) * C_SCALE + C_SHIFT) */
   C_MHI = 0, C_SCALE = 1, C_SHIFT = 2,
-  /* backward: xh = (v - C_A) * C_B + C_C;  dx = C_DA * (g - C_GM) + C_DB * xh + C_DD */
-  C_A = 0, C_B = 1, C_C = 2, C_GM = 3, C_DA = 4, C_DB = 5, C_DD = 6,
-  C_COUNT = 7
+  /* backward: xh = (v - C_A) * C_B + C_C;  dx = C_DA * (g - C_GM) + C_DB * xh + C_DD;
+     with SiLU, g = dy * silu'(z), z = xh * C_ZS + C_ZB (gamma and beta) */
+  C_A = 0, C_B = 1, C_C = 2, C_GM = 3, C_DA = 4, C_DB = 5, C_DD = 6, C_ZS = 7, C_ZB = 8,
+  C_COUNT = 9
+};
+/* indices of the scalar constants of the affine (per-element gamma) kernels */
+enum {
+  K_A = 0, K_B = 1, K_C = 2,      /* xh = (x - K_A) * K_B + K_C */
+  K_GM = 3, K_DA = 4, K_DB = 5, K_DD = 6, /* dx = K_DA * (g * dy - K_GM) + K_DB * xh + K_DD */
+  K_COUNT = 7
 };
 
 typedef struct bn_ukernels {
@@ -61,7 +72,8 @@ typedef struct bn_ukernels {
                   int64_t cs, int act);
   void (*fwd_rows)(const void *x, const void *res, void *y, int64_t rows, int64_t ld,
                    int64_t nc, const void *cst, int64_t cs, int act);
-  /* g = dy masked by y > 0 (act), xh = (v - a) * b + c: out = {sum g, sum g*xh, sum xh} */
+  /* g = dy masked by y > 0 (RELU, ADD_RELU) or times silu'(z) (SILU), xh = (v - a) * b + c:
+     out = {sum g, sum g*xh, sum xh} */
   void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len,
                        const void *cst, int64_t cs, int act, double out[3]);
   void (*bwd_sums_rows)(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
@@ -72,6 +84,24 @@ typedef struct bn_ukernels {
                   int64_t len, const void *cst, int64_t cs, int act);
   void (*bwd_rows)(const void *v, const void *y, const void *dy, void *dx, void *dres,
                    int64_t rows, int64_t ld, int64_t nc, const void *cst, int64_t cs, int act);
+
+  /* ---- the row kernels of LayerNorm / RMSNorm (per-element gamma, beta) ---- */
+  /* sum of x^2 over len >= 1 values (value i in lane i % 32), in double */
+  double (*sumsq_run)(const void *x, int64_t len);
+  /* h = x + r, rounded to the storage type (h may be x or r) */
+  void (*add_run)(const void *x, const void *r, void *h, int64_t len);
+  /* y = ((x - k[K_A]) * k[K_B] + k[K_C]) * g[j] + b[j]; g, b, k in the compute type; act
+     carries BN_STORE_NT only */
+  void (*affine_run)(const void *x, void *y, int64_t len, const void *k, const void *g,
+                     const void *b, int act);
+  /* xh = (x - k[K_A]) * k[K_B] + k[K_C]:  out = {sum g[j] dy, sum g[j] dy xh, sum xh} */
+  void (*affine_bwd_sums_run)(const void *x, const void *dy, int64_t len, const void *k,
+                              const void *g, double out[3]);
+  /* dx = k[K_DA] * (g[j] dy - k[K_GM]) + k[K_DB] * xh + k[K_DD] (+ dsum when not NULL);
+     acc_g[j] += dy * xh and acc_b[j] += dy (compute type; each may be NULL) */
+  void (*affine_bwd_run)(const void *x, const void *dy, const void *dsum, void *dx,
+                         int64_t len, const void *k, const void *g, void *acc_g, void *acc_b,
+                         int act);
 } bn_ukernels;
 
 /* The block anchor of the statistics (see above), in f32 and f64: the mean sum * inv_len
@@ -106,6 +136,34 @@ static inline double bn_stats_anchor_f64(double sum, double mn, double mx, doubl
   return ((t + 0x1.8p52) - 0x1.8p52) * q;
 }
 
+/* The scale of a block's deviations: S = 2^-E with 2^E <= range < 2^(E+1) (clamped to the
+   normal floats), so that the f32 sums of (x - kb) * S and its square neither underflow (a
+   channel whose spread is ~1e-42) nor overflow (~1e30).  S is a power of two: on ordinary data
+   the scaled sums are the unscaled ones times S exactly, and dividing by S (S^2) in double
+   restores them. */
+static inline float bn_stats_scale_f32(float range) {
+  if (!(range > 0.0f)) return 1.0f; /* constant block (and NaN): no deviations to scale */
+  uint32_t u;
+  memcpy(&u, &range, 4);
+  int e = (int)((u >> 23) & 0xffu), b = 254 - e;
+  b = b < 1 ? 1 : b > 254 ? 254 : b;
+  const uint32_t sb = (uint32_t)b << 23;
+  float sc;
+  memcpy(&sc, &sb, 4);
+  return sc;
+}
+static inline double bn_stats_scale_f64(double range) {
+  if (!(range > 0.0)) return 1.0;
+  uint64_t u;
+  memcpy(&u, &range, 8);
+  int64_t e = (int64_t)((u >> 52) & 0x7ffu), b = 2046 - e;
+  b = b < 1 ? 1 : b > 2046 ? 2046 : b;
+  const uint64_t sb = (uint64_t)b << 52;
+  double sc;
+  memcpy(&sc, &sb, 8);
+  return sc;
+}
+
 /* a block's contribution relative to the channel anchor K: t1, t2 (see above) */
 static inline void bn_stats_shift(double kb, double K, double s1, double s2, double len,
                                   double *t1, double *t2) {
@@ -114,9 +172,23 @@ static inline void bn_stats_shift(double kb, double K, double s1, double s2, dou
   *t2 = s2 + 2.0 * delta * s1 + ld * delta;
 }
 
-/* Tables, by dtype; NULL where an ISA has no kernel for that dtype (the driver falls back to
-   the scalar table). */
+/* Every slot of the table, once: the merge of the tables, the kernel tests and the kernel
+   benchmark walk this list (X(name) for each member). */
+#define BN_UKERNEL_SLOTS(X)                                                                  \
+  X(stats_run) X(stats_rows) X(fwd_run) X(fwd_rows) X(bwd_sums_run) X(bwd_sums_rows)          \
+  X(bwd_run) X(bwd_rows) X(sumsq_run) X(add_run) X(affine_run) X(affine_bwd_sums_run)         \
+  X(affine_bwd_run)
+
+/* Tables, by dtype; NULL where an ISA has no kernel for that dtype, and NULL entries where it
+   lacks a kernel (the engine takes the portable one there: bn_ukernels_for). */
 const bn_ukernels *bn_ukernels_scalar(norma_dtype t);
 const bn_ukernels *bn_ukernels_avx2(norma_dtype t);
+const bn_ukernels *bn_ukernels_avx512(norma_dtype t);
+const bn_ukernels *bn_ukernels_emu16(norma_dtype t); /* the AVX-512 code on AVX2 (testing) */
+
+/* The complete table the engine uses for dtype t on ISA isa (every entry set). */
+const bn_ukernels *bn_ukernels_for(norma_isa isa, norma_dtype t);
+/* The ISA whose kernels bn_ukernels_for(norma__isa(), t) mostly runs (query_plan). */
+norma_isa bn_ukernels_isa(norma_isa isa, norma_dtype t);
 
 #endif

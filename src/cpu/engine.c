@@ -1,0 +1,655 @@
+/* engine.c - the scheduler of every norm (engine.h): thread split, units, segments, scratch,
+ * the two schedules, and the calls into the micro-kernels.
+ *
+ * Two schedules, same arithmetic:
+ *   fused:  threads take units (a block of channels of a range of samples, whole groups); each
+ *           reduces its unit, finalizes it and applies it while the data is still in cache:
+ *           one DRAM read when the unit fits.
+ *   split:  (BatchNorm) threads take segments of the reduction; partial results go to scratch,
+ *           are combined in order, then every thread applies a contiguous share.  For few
+ *           channels, and for channels-last tensors whose units would not fit.
+ */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+#include "engine.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+#endif
+
+/* rows per micro-kernel call in channels-last reductions.  The statistics take blocks of about
+   128 KiB (read twice while in L2; a larger block spreads the per-channel work of a call over
+   more values), a power of two in [64, 256]: each channel adds its rows in one f32 lane, so
+   more rows would cost accuracy.  The backward's sums, which have no per-block work, take 64.
+   Shape alone decides it. */
+static inline int64_t block_rows(int stats, int64_t c, size_t esize) {
+  if (!stats) return 64;
+  const int64_t target = (int64_t)(128 * 1024) / (c * (int64_t)esize);
+  int64_t b = 64;
+  while (b < 256 && 2 * b <= target) b *= 2;
+  return b;
+}
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+/* Each thread keeps its scratch between calls: per-call allocation cost more than a small
+   BatchNorm itself (measured: a 64-value inference went from 1.0 us to 0.35 us per call). */
+static pthread_key_t scratch_key[2];
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+typedef struct scratch { size_t size; void *mem; } scratch;
+static void scratch_free(void *s) {
+  if (s) free(((scratch *)s)->mem);
+  free(s);
+}
+static void scratch_init(void) {
+  (void)pthread_key_create(&scratch_key[0], scratch_free);
+  (void)pthread_key_create(&scratch_key[1], scratch_free);
+}
+
+void *norm_scratch(int slot, size_t bytes) {
+  (void)pthread_once(&scratch_once, scratch_init);
+  scratch *s = pthread_getspecific(scratch_key[slot]);
+  if (!s) {
+    s = calloc(1, sizeof *s);
+    if (!s || pthread_setspecific(scratch_key[slot], s) != 0) {
+      free(s);
+      return NULL;
+    }
+  }
+  if (s->size < bytes) {
+    const size_t sz = (bytes + 4095) & ~(size_t)4095;
+    void *m = aligned_alloc(64, sz);
+    if (!m) return NULL;
+    free(s->mem);
+    s->mem = m;
+    s->size = sz;
+  }
+  return s->mem;
+}
+
+static inline size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* ---- kernels ---------------------------------------------------------------------------- */
+
+void norm_job_kernels(norm_job *jb) {
+  jb->cbytes = jb->g->dt == NORMA_F64 ? 8 : 4;
+  jb->uk = bn_ukernels_for(norma__isa(), jb->g->dt);
+}
+
+/* ---- constants -------------------------------------------------------------------------- */
+
+void norm_set_fwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double mean,
+                         double mean_lo, double invstd, double gamma, double beta) {
+  norm_cst_set(jb, u, C_MHI, jrel, mean);
+  const double mhi = norm_cst_get(jb, u, C_MHI, jrel);
+  const double mlo = (mean - mhi) + mean_lo;
+  const double scale = gamma * invstd;
+  const double shift = mlo == 0.0 ? beta : beta - mlo * scale; /* no 0 * Inf when var+eps == 0 */
+  norm_cst_set(jb, u, C_SCALE, jrel, scale);
+  norm_cst_set(jb, u, C_SHIFT, jrel, shift);
+  u->dcst[jrel] = mhi, u->dcst[u->ts + jrel] = scale, u->dcst[2 * u->ts + jrel] = shift;
+  if (jb->cbytes == 4 && ((fabs(scale) > FLT_MAX && isfinite(scale)) ||
+                          (fabs(shift) > FLT_MAX && isfinite(shift))))
+    u->slow = 1;
+}
+
+void norm_set_bwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double da, double mg,
+                         double db, double dd0) {
+  norm_cst_set(jb, u, C_GM, jrel, mg);
+  const double gm = norm_cst_get(jb, u, C_GM, jrel);
+  norm_cst_set(jb, u, C_DA, jrel, da);
+  norm_cst_set(jb, u, C_DB, jrel, db);
+  norm_cst_set(jb, u, C_DD, jrel, dd0 + da * (gm - mg));
+}
+
+/* ---- geometry --------------------------------------------------------------------------- */
+
+static inline const void *tptr(const norm_job *jb, const void *base, int64_t elem) {
+  return base ? (const char *)base + (size_t)elem * jb->g->esize : NULL;
+}
+static inline void *tptr_w(const norm_job *jb, void *base, int64_t elem) {
+  return base ? (char *)base + (size_t)elem * jb->g->esize : NULL;
+}
+static inline const void *cst_at(const norm_job *jb, const norm_unit *u, int64_t jrel) {
+  return (const char *)u->cst + (size_t)jrel * jb->cbytes;
+}
+
+static int64_t cf_chunks(const norm_job *jb) {
+  return (jb->g->s + NORM_CF_CHUNK - 1) / NORM_CF_CHUNK;
+}
+/* rows of the samples [i0, i1) in rows form */
+static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
+
+/* the narrowest unit of the fused schedule in rows form: one 64-byte line of each row */
+static int64_t rows_line(const norm_job *jb) {
+  int64_t u = 64 / (int64_t)jb->g->esize;
+  return u < 8 ? 8 : u;
+}
+
+/* ---- reduction of one segment ----------------------------------------------------------- */
+
+/* channels-first: chunk q of channel ch of sample i -> out[3] */
+static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t q,
+                        double *out) {
+  const norm_geom *g = jb->g;
+  const int64_t s0 = q * NORM_CF_CHUNK;
+  const int64_t len = g->s - s0 < NORM_CF_CHUNK ? g->s - s0 : NORM_CF_CHUNK;
+  const int64_t e = (i * g->c + ch) * g->s + s0;
+  if (jb->nsums == SUMS_STATS)
+    jb->uk->stats_run(tptr(jb, jb->x, e), len, NULL, out); /* t1, t2, anchor */
+  else
+    jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len,
+                         cst_at(jb, u, ch - u->j0), u->cs, jb->act, out);
+}
+
+static int64_t cf_chunk_len(const norm_job *jb, int64_t q) {
+  const int64_t s0 = q * NORM_CF_CHUNK;
+  return jb->g->s - s0 < NORM_CF_CHUNK ? jb->g->s - s0 : NORM_CF_CHUNK;
+}
+
+/* rows form: rows [r0, r1) (one segment), channels [j0, j0 + nc) -> out[k * ostride + j]: the
+   statistics (t1, t2 relative to the segment's anchor, the anchor), or the backward's three
+   sums; the backward's constants are those of unit u */
+static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
+                          int64_t j0, int64_t nc, double *out, int64_t ostride) {
+  const norm_geom *g = jb->g;
+  static _Thread_local double blk[3][NORM_ROWS_CHUNK];
+  static _Thread_local union { float f[NORM_ROWS_CHUNK]; double d[NORM_ROWS_CHUNK]; } anchor;
+  for (int k = 0; k < 3; k++)
+    for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
+  /* row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is read in order;
+     a channel still sees its blocks in order, whatever the loop nest */
+  const int64_t br = block_rows(jb->nsums == SUMS_STATS, g->c, g->esize);
+  for (int64_t r = r0; r < r1; r += br) {
+    const int64_t rows = r1 - r < br ? r1 - r : br;
+    for (int64_t jc = 0; jc < nc; jc += NORM_ROWS_CHUNK) {
+      const int64_t ncc = nc - jc < NORM_ROWS_CHUNK ? nc - jc : NORM_ROWS_CHUNK, ja = j0 + jc;
+      const int64_t e = r * g->c + ja;
+      if (jb->nsums == SUMS_STATS) {
+        const int first = r == r0;
+        if (!first) /* the segment's anchors, in the compute type (exact: they came from it) */
+          for (int64_t j = 0; j < ncc; j++) {
+            if (jb->cbytes == 8) anchor.d[j] = out[2 * ostride + jc + j];
+            else anchor.f[j] = (float)out[2 * ostride + jc + j];
+          }
+        jb->uk->stats_rows(tptr(jb, jb->x, e), rows, g->c, ncc,
+                           first ? NULL : (const void *)&anchor, blk[0], blk[1],
+                           first ? &out[2 * ostride + jc] : NULL);
+        for (int k = 0; k < 2; k++)
+          for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
+      } else {
+        jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
+                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act, blk[0],
+                              blk[1], blk[2]);
+        for (int k = 0; k < 3; k++)
+          for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
+      }
+    }
+  }
+}
+
+/* tot[.. jrel] absorbs a partial result s[k * stride] of cnt values.  Statistics: (t1, t2,
+   anchor) re-anchored to the total's anchor (its first partial's) and added; the backward's
+   sums: added. */
+static inline void absorb(const norm_job *jb, double *tot, int64_t ts, int64_t jrel, int first,
+                          const double *s, int64_t stride, double cnt) {
+  if (jb->nsums == SUMS_STATS) {
+    if (first) {
+      tot[jrel] = s[0], tot[ts + jrel] = s[stride], tot[2 * ts + jrel] = s[2 * stride];
+      return;
+    }
+    double t1, t2;
+    bn_stats_shift(s[2 * stride], tot[2 * ts + jrel], s[0], s[stride], cnt, &t1, &t2);
+    tot[jrel] += t1;
+    tot[ts + jrel] += t2;
+  } else {
+    for (int k = 0; k < 3; k++) tot[k * ts + jrel] += s[k * stride];
+  }
+}
+
+/* ---- the reduction of a unit ------------------------------------------------------------ */
+
+/* per-sample channels-first statistics: a group's values are one contiguous run of cpg * s
+   values, reduced in chunks straight into the group's first channel's slot */
+static void unit_stats_groups_cf(norm_job *jb, norm_unit *u) {
+  const norm_geom *g = jb->g;
+  const int64_t len = g->cpg * g->s, i = u->i0;
+  for (int64_t j = 0; j < u->nc; j += g->cpg) {
+    const int64_t e0 = (i * g->c + u->j0 + j) * g->s;
+    double o[3];
+    for (int64_t q = 0; q * NORM_CF_CHUNK < len; q++) {
+      const int64_t n = len - q * NORM_CF_CHUNK < NORM_CF_CHUNK ? len - q * NORM_CF_CHUNK
+                                                                : NORM_CF_CHUNK;
+      jb->uk->stats_run(tptr(jb, jb->x, e0 + q * NORM_CF_CHUNK), n, NULL, o);
+      absorb(jb, u->tot, u->ts, j, q == 0, o, 1, (double)n);
+    }
+  }
+}
+
+/* merges the per-channel statistics of each group of the unit into the group's first channel,
+   in channel order (per-sample norms with cpg > 1) */
+static void unit_merge_groups(norm_job *jb, norm_unit *u, double cnt_per_channel) {
+  const int64_t cpg = jb->g->cpg;
+  for (int64_t j = 0; j < u->nc; j += cpg)
+    for (int64_t k = 1; k < cpg; k++) {
+      const double s[3] = {u->tot[j + k], u->tot[u->ts + j + k], u->tot[2 * u->ts + j + k]};
+      absorb(jb, u->tot, u->ts, j, 0, s, 1, cnt_per_channel);
+    }
+}
+
+static void unit_reduce(norm_job *jb, norm_unit *u) {
+  const norm_geom *g = jb->g;
+  for (int k = 0; k < 3; k++)
+    for (int64_t j = 0; j < u->nc; j++) u->tot[k * u->ts + j] = 0.0;
+  if (g->per_sample && !jb->rows_form && jb->nsums == SUMS_STATS) {
+    unit_stats_groups_cf(jb, u);
+    return;
+  }
+  if (jb->rows_form) {
+    const int64_t r0 = row_of(jb, u->i0), r1 = row_of(jb, u->i1);
+    /* the unit's segment buffer follows its arrays (unit_arrays) */
+    double *s = (double *)((char *)u->dcst + up64((size_t)u->ts * 3 * sizeof(double)));
+    for (int64_t ra = r0; ra < r1; ra += NORM_CL_SEG_ROWS) {
+      const int64_t rb = ra + NORM_CL_SEG_ROWS < r1 ? ra + NORM_CL_SEG_ROWS : r1;
+      seg_sums_rows(jb, u, ra, rb, u->j0, u->nc, s, u->ts);
+      for (int64_t j = 0; j < u->nc; j++)
+        absorb(jb, u->tot, u->ts, j, ra == r0, &s[j], u->ts, (double)(rb - ra));
+    }
+  } else {
+    const int64_t nch = cf_chunks(jb);
+    double s[3];
+    for (int64_t i = u->i0; i < u->i1; i++)
+      for (int64_t j = 0; j < u->nc; j++)
+        for (int64_t q = 0; q < nch; q++) { /* channel j0 + j sees its segments in order */
+          seg_sums_cf(jb, u, u->j0 + j, i, q, s);
+          absorb(jb, u->tot, u->ts, j, i == u->i0 && q == 0, s, 1, (double)cf_chunk_len(jb, q));
+        }
+  }
+  if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
+    unit_merge_groups(jb, u, (double)g->s);
+}
+
+void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u) {
+  norm_job t = *jb; /* a copy: other threads run other units of jb meanwhile */
+  t.nsums = SUMS_BWD, t.act = BN_ACT_NONE, t.dy = t.x, t.y = NULL;
+  unit_reduce(&t, u);
+}
+
+/* ---- apply ------------------------------------------------------------------------------ */
+
+/* the forward in double for a unit whose constants overflow the compute type (slow, rare) */
+static void unit_apply_slow(const norm_job *jb, const norm_unit *u) {
+  const norm_geom *g = jb->g;
+  for (int64_t i = u->i0; i < u->i1; i++)
+    for (int64_t j = 0; j < u->nc; j++) {
+      const double mhi = u->dcst[j], sc = u->dcst[u->ts + j], sh = u->dcst[2 * u->ts + j];
+      for (int64_t sp = 0; sp < g->s; sp++) {
+        const int64_t e = norm_index(g, i, u->j0 + j, sp);
+        double v = (norma__load(g->dt, jb->x, e) - mhi) * sc + sh;
+        if (g->act == BN_ACT_ADD_RELU) v += norma__load(g->dt, jb->res, e);
+        if (g->act == BN_ACT_RELU || g->act == BN_ACT_ADD_RELU) v = v > 0.0 ? v : (v != v ? v : 0.0);
+        if (g->act == BN_ACT_SILU) v = v / (1.0 + exp(-v));
+        norma__store(g->dt, jb->out, e, v);
+      }
+    }
+}
+
+static void apply_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t q) {
+  const norm_geom *g = jb->g;
+  const int64_t s0 = q * NORM_CF_CHUNK, len = cf_chunk_len(jb, q);
+  const int64_t e = (i * g->c + ch) * g->s + s0;
+  const void *k = cst_at(jb, u, ch - u->j0);
+  if (jb->dy)
+    jb->uk->bwd_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
+                    tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, k, u->cs,
+                    g->act | jb->store);
+  else
+    jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len, k,
+                    u->cs, g->act | jb->store);
+}
+
+static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
+                       int64_t j0, int64_t nc) {
+  const norm_geom *g = jb->g;
+  const int64_t e = r0 * g->c + j0;
+  const void *k = cst_at(jb, u, j0 - u->j0);
+  if (jb->dy)
+    jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
+                     tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
+                     g->act | jb->store);
+  else
+    jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
+                     g->c, nc, k, u->cs, g->act | jb->store);
+}
+
+static void unit_apply(const norm_job *jb, const norm_unit *u) {
+  if (u->slow && !jb->dy) {
+    unit_apply_slow(jb, u);
+    return;
+  }
+  if (jb->rows_form) {
+    const int64_t r0 = row_of(jb, u->i0), r1 = row_of(jb, u->i1);
+    for (int64_t r = r0; r < r1; r += NORM_CL_SEG_ROWS)
+      apply_rows(jb, u, r, r + NORM_CL_SEG_ROWS < r1 ? r + NORM_CL_SEG_ROWS : r1, u->j0, u->nc);
+    return;
+  }
+  const int64_t nch = cf_chunks(jb);
+  for (int64_t i = u->i0; i < u->i1; i++)
+    for (int64_t j = 0; j < u->nc; j++)
+      for (int64_t q = 0; q < nch; q++) apply_cf(jb, u, u->j0 + j, i, q);
+}
+
+/* ---- threads ---------------------------------------------------------------------------- */
+
+/* Streaming stores are weakly ordered: each thread fences its own before the region ends. */
+static inline void store_fence(const norm_job *jb) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (jb->store) _mm_sfence();
+#else
+  (void)jb;
+#endif
+}
+
+int norm_thread_id(void) { return omp_get_thread_num(); }
+
+void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
+  if (jb->nt <= 1 || n <= 1) {
+    fn(jb, 0, n, arg);
+    store_fence(jb);
+    return;
+  }
+#pragma omp parallel num_threads(jb->nt)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    fn(jb, n * t / nt, n * (t + 1) / nt, arg);
+    store_fence(jb);
+  }
+}
+
+/* ---- units ------------------------------------------------------------------------------ */
+
+/* the arrays of a unit of up to w channels: tot, dcst, a segment buffer [3][w], and the
+   constants [C_COUNT][w] */
+static size_t unit_bytes(const norm_job *jb, int64_t w) {
+  return 3 * up64((size_t)w * 3 * sizeof(double)) + up64((size_t)w * C_COUNT * jb->cbytes);
+}
+static void unit_arrays(const norm_job *jb, norm_unit *u, char *m, int64_t w) {
+  const size_t db = up64((size_t)w * 3 * sizeof(double));
+  (void)jb;
+  u->tot = (double *)m;
+  u->ts = w;
+  u->dcst = (double *)(m + db);
+  u->cst = m + 3 * db; /* after the segment buffer, which unit_reduce finds after dcst */
+  u->cs = w;
+  u->slow = 0;
+}
+
+/* units per sample (per-sample norms) and their channel ranges */
+static int64_t units_per_sample(const norm_job *jb) {
+  return (jb->g->c + jb->unit - 1) / jb->unit;
+}
+static int64_t unit_count(const norm_job *jb) {
+  return jb->g->per_sample ? jb->g->n * units_per_sample(jb) : (jb->g->c + jb->unit - 1) / jb->unit;
+}
+
+static void unit_of(const norm_job *jb, int64_t b, norm_unit *u) {
+  const norm_geom *g = jb->g;
+  int64_t kb = b;
+  if (g->per_sample) {
+    const int64_t per = units_per_sample(jb);
+    u->i0 = b / per, u->i1 = u->i0 + 1, kb = b % per;
+  } else {
+    u->i0 = 0, u->i1 = g->n;
+  }
+  u->j0 = kb * jb->unit;
+  u->nc = g->c - u->j0 < jb->unit ? g->c - u->j0 : jb->unit;
+}
+
+/* Fused schedule: each thread reduces, finalizes and applies whole units, with the unit
+   arrays of its thread (allocated by the calling thread before the region: arg). */
+static void fused_units(norm_job *jb, int64_t b0, int64_t b1, void *arg) {
+  norm_unit u;
+  const int t = jb->nt > 1 ? omp_get_thread_num() : 0;
+  unit_arrays(jb, &u, (char *)arg + (size_t)t * unit_bytes(jb, jb->unit), jb->unit);
+  for (int64_t b = b0; b < b1; b++) {
+    unit_of(jb, b, &u);
+    u.slow = 0;
+    if (jb->prepare) jb->prepare(jb, &u);
+    if (jb->nsums) unit_reduce(jb, &u);
+    jb->finalize(jb, &u);
+    if (jb->apply) unit_apply(jb, &u);
+  }
+}
+
+/* ---- the split schedule (BatchNorm) ----------------------------------------------------- */
+
+/* segments of the reduction: channels-first (channel, sample, chunk); rows form: row
+   segments, each in channel blocks so that a tensor of few rows still feeds every thread */
+static int64_t nsegments(const norm_job *jb) {
+  return jb->rows_form ? (jb->g->m + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS
+                       : jb->g->n * cf_chunks(jb);
+}
+#define SPLIT_CBLOCK 256 /* channels per rows-form work item of the split reduction */
+
+typedef struct split_arg {
+  double *part;
+  norm_unit *u; /* the global unit: all channels, all samples */
+} split_arg;
+
+/* channels-first: part[(ch * nseg + seg) * 3 + k] */
+static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
+  const split_arg *sa = arg;
+  const int64_t nseg = nsegments(jb), nch = cf_chunks(jb);
+  for (int64_t it = w0; it < w1; it++) {
+    const int64_t ch = it / nseg, seg = it % nseg;
+    seg_sums_cf(jb, sa->u, ch, seg / nch, seg % nch, &sa->part[it * 3]);
+  }
+}
+/* rows form: part[seg * 3 * c + k * c + j]; work items are (segment, channel block) */
+static void split_sums_rows(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
+  const split_arg *sa = arg;
+  const int64_t c = jb->g->c, nb = (c + SPLIT_CBLOCK - 1) / SPLIT_CBLOCK;
+  for (int64_t it = w0; it < w1; it++) {
+    const int64_t seg = it / nb, j0 = (it % nb) * SPLIT_CBLOCK;
+    const int64_t nc = c - j0 < SPLIT_CBLOCK ? c - j0 : SPLIT_CBLOCK;
+    const int64_t r0 = seg * NORM_CL_SEG_ROWS;
+    const int64_t r1 = r0 + NORM_CL_SEG_ROWS < jb->g->m ? r0 + NORM_CL_SEG_ROWS : jb->g->m;
+    seg_sums_rows(jb, sa->u, r0, r1, j0, nc, &sa->part[seg * 3 * c + j0], c);
+  }
+}
+/* apply in memory order: sample, channel, chunk */
+static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
+  const split_arg *sa = arg;
+  const int64_t c = jb->g->c, nch = cf_chunks(jb);
+  if (i0 >= i1) return;
+  int64_t q = i0 % nch, ch = (i0 / nch) % c, n = i0 / nch / c; /* then counted, not divided */
+  for (int64_t it = i0; it < i1; it++) {
+    apply_cf(jb, sa->u, ch, n, q);
+    if (++q == nch) {
+      q = 0;
+      if (++ch == c) ch = 0, n++;
+    }
+  }
+}
+static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
+  const split_arg *sa = arg;
+  if (r1 > r0) apply_rows(jb, sa->u, r0, r1, 0, jb->g->c);
+}
+static void split_apply_slow(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
+  (void)i0, (void)i1;
+  unit_apply_slow(jb, ((const split_arg *)arg)->u);
+}
+
+static void run_split(norm_job *jb, norm_unit *u, double *part) {
+  const norm_geom *g = jb->g;
+  const int64_t c = g->c, nseg = nsegments(jb);
+  split_arg sa = {part, u};
+  if (jb->prepare) jb->prepare(jb, u);
+  if (jb->nsums) {
+    for (int64_t j = 0; j < 3 * c; j++) u->tot[j] = 0.0;
+    if (!jb->rows_form) {
+      const int64_t nch = cf_chunks(jb);
+      norm_parallel_for(jb, c * nseg, split_sums_cf, &sa);
+      for (int64_t ch = 0; ch < c; ch++)
+        for (int64_t seg = 0; seg < nseg; seg++)
+          absorb(jb, u->tot, c, ch, seg == 0, &part[(ch * nseg + seg) * 3], 1,
+                 (double)cf_chunk_len(jb, seg % nch));
+    } else {
+      norm_parallel_for(jb, nseg * ((c + SPLIT_CBLOCK - 1) / SPLIT_CBLOCK), split_sums_rows, &sa);
+      for (int64_t seg = 0; seg < nseg; seg++) {
+        const int64_t r0 = seg * NORM_CL_SEG_ROWS;
+        const int64_t rows = g->m - r0 < NORM_CL_SEG_ROWS ? g->m - r0 : NORM_CL_SEG_ROWS;
+        for (int64_t j = 0; j < c; j++)
+          absorb(jb, u->tot, c, j, seg == 0, &part[seg * 3 * c + j], c, (double)rows);
+      }
+    }
+  }
+  jb->finalize(jb, u);
+  if (!jb->apply) return;
+  if (u->slow && !jb->dy) norm_parallel_for(jb, 1, split_apply_slow, &sa);
+  else if (!jb->rows_form) norm_parallel_for(jb, c * nseg, split_apply_cf, &sa);
+  else norm_parallel_for(jb, g->m, split_apply_rows, &sa);
+}
+
+/* ---- planning --------------------------------------------------------------------------- */
+
+static int use_fused(const norm_job *jb, int64_t units) {
+  return jb->nt == 1 || units >= 4 * (int64_t)jb->nt || units % jb->nt == 0;
+}
+
+/* BatchNorm.  The fused schedule reads the tensor once from memory when a unit (a channel's
+   slab, or a block of channels over all rows) stays in the L2 share of its thread between the
+   reduction and the apply.  Channels-first has no smaller unit than a channel, so it stays
+   fused (the apply then reads again from memory); channels-last with too many rows for even
+   one cache line of channels takes the split schedule, whose two passes stream whole rows. */
+static int plan_bn(norm_job *jb) {
+  const norm_geom *g = jb->g;
+  const int64_t budget = norma__l2_bytes() / 2;
+  const int64_t tensors = jb->nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
+  if (!jb->rows_form) {
+    /* channels per unit: enough for 8 KiB contiguous per image, within the L2 share */
+    const double run = (double)g->s * (double)g->esize, slab = (double)g->n * run * tensors;
+    double wd = ceil(8192.0 / run);
+    if (wd * slab > (double)budget) wd = floor((double)budget / slab);
+    int64_t w = wd < 1.0 ? 1 : wd > NORM_MAX_UNIT ? NORM_MAX_UNIT : (int64_t)wd;
+    if (w > g->c) w = g->c;
+    while (w > 1 && (g->c + w - 1) / w < 4 * (int64_t)jb->nt) w--; /* balance the threads */
+    jb->unit = w;
+    return use_fused(jb, (g->c + w - 1) / w);
+  }
+  const int64_t line = rows_line(jb);
+  const double per_channel = (double)g->m * (double)g->esize * tensors;
+  int64_t w;
+  if (g->c <= line) {
+    w = g->c;
+  } else {
+    const double wd = floor((double)budget / per_channel / (double)line) * (double)line;
+    w = wd < (double)line ? line : wd > NORM_MAX_UNIT ? NORM_MAX_UNIT : (int64_t)wd;
+    if (w >= g->c) w = g->c;
+    while (w > line && (g->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
+  }
+  jb->unit = w;
+  /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
+     short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
+     whole rows or pieces of at least 2 KiB */
+  if ((w < g->c && w * (int64_t)g->esize < 2048) || (double)w * per_channel > (double)budget)
+    return 0;
+  return use_fused(jb, (g->c + w - 1) / w);
+}
+
+/* Per-sample norms: a unit is whole groups of one sample.  Channels-first: groups are
+   contiguous, so a unit of about 64 KiB per tensor or more (whole groups) stays in L2;
+   channels-last: whole rows when the samples keep every thread busy, else group blocks of at
+   least 2 KiB pieces. */
+static void plan_per_sample(norm_job *jb) {
+  const norm_geom *g = jb->g;
+  const int64_t cpg = g->cpg, ngr = g->c / cpg;
+  const double gbytes = (double)cpg * (double)g->s * (double)g->esize; /* one group, one tensor */
+  int64_t k = 1;                                                       /* groups per unit */
+  if (!jb->rows_form) {
+    const double want = 64.0 * 1024;
+    k = gbytes >= want ? 1 : (int64_t)(want / gbytes);
+  } else if (g->n < 2 * (int64_t)jb->nt) {
+    const double piece = (double)cpg * (double)g->esize; /* bytes of a group in a row */
+    k = piece >= 2048.0 ? 1 : (int64_t)ceil(2048.0 / piece);
+  } else {
+    k = ngr;
+  }
+  if (k > ngr) k = ngr;
+  if (k < 1) k = 1;
+  /* enough units for the threads */
+  while (k > 1 && g->n * ((ngr + k - 1) / k) < 4 * (int64_t)jb->nt) k = (k + 1) / 2;
+  jb->unit = k * cpg;
+}
+
+/* NORMA_SCHEDULE=fused|split forces BatchNorm's schedule (a debugging and testing knob: both
+   give bitwise identical results).  -1: chosen per problem. */
+static int forced_schedule(void) {
+  static int v = -2;
+  if (v == -2) {
+    const char *e = getenv("NORMA_SCHEDULE");
+    v = (e && strcmp(e, "fused") == 0) ? 1 : (e && strcmp(e, "split") == 0) ? 0 : -1;
+  }
+  return v;
+}
+
+void norm_plan_job(norm_job *jb) {
+  const norm_geom *g = jb->g;
+  jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
+  jb->act = g->act;
+  norm_job_kernels(jb);
+  jb->nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
+  jb->unit = g->c;
+  if (g->per_sample) {
+    plan_per_sample(jb);
+    jb->fused = 1;
+  } else {
+    jb->fused = jb->nsums && plan_bn(jb);
+    if (jb->nsums && forced_schedule() >= 0) jb->fused = forced_schedule();
+    if (!jb->fused) jb->unit = g->c;
+  }
+  /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
+     whole lines: long channels-first runs, or whole rows in channels-last */
+  const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c)
+                                        : g->s * (int64_t)g->esize >= 2048;
+  jb->store = whole_lines && g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
+}
+
+/* ---- running a job ---------------------------------------------------------------------- */
+
+norma_status norm_run_job(norm_job *jb) {
+  const norm_geom *g = jb->g;
+  norm_plan_job(jb);
+  /* everything the call needs, allocated here before anything is written: the units' arrays
+     (one set per thread, or the global unit of the split schedule), the split partials, and
+     per_nc */
+  const size_t units = jb->fused ? (size_t)jb->nt * unit_bytes(jb, jb->unit) : unit_bytes(jb, g->c);
+  const size_t part = (!jb->fused && jb->nsums)
+                          ? (size_t)nsegments(jb) * (size_t)g->c * 3 * sizeof(double) : 0;
+  const size_t pnc = jb->want_per_nc ? (size_t)g->n * (size_t)g->c * 2 * sizeof(double) : 0;
+  char *mem = norm_scratch(0, up64(units) + up64(part) + pnc);
+  if (!mem)
+    return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating %zu bytes of "
+                       "scratch", units + part + pnc);
+  jb->per_nc = jb->want_per_nc ? (double *)(mem + up64(units) + up64(part)) : NULL;
+  if (jb->fused) {
+    norm_parallel_for(jb, unit_count(jb), fused_units, mem);
+  } else {
+    norm_unit u = {0, g->n, 0, g->c, NULL, 0, NULL, 0, NULL, 0};
+    unit_arrays(jb, &u, mem, g->c);
+    u.i0 = 0, u.i1 = g->n, u.j0 = 0, u.nc = g->c;
+    run_split(jb, &u, (double *)(mem + up64(units)));
+  }
+  return NORMA_OK;
+}

@@ -1,0 +1,152 @@
+/* engine.h - the CPU engine: one scheduler for every norm, generic over its geometry.
+ *
+ * Every operation is "reduce, finalize, apply" over *units*.  A unit is a block of channels of
+ * a range of samples that holds whole statistics groups: all samples for BatchNorm (a group is
+ * a channel over the batch), one sample for the per-sample norms (a group is cpg channels of
+ * one sample).  The engine reduces a unit's channels over its samples with the micro-kernels
+ * (ukernels.h), calls the op's finalize (statistics -> per-channel constants, saved outputs),
+ * then applies the constants to the unit's values while they are still in cache.
+ *
+ * An op is therefore small: it says how its descriptor maps onto norm_geom, what its finalize
+ * computes, and which reduction it needs (SUMS_*).  op_bn.c (BatchNorm), op_group.c (GroupNorm,
+ * InstanceNorm) and op_row.c (LayerNorm, RMSNorm: rows of contiguous groups, per-element
+ * affine) are the ops; engine.c is the scheduler; ukernels*.c are the kernels.
+ *
+ * Determinism: a reduction is cut into segments fixed by the shape alone (channels-first: runs
+ * of up to NORM_CF_CHUNK values; channels-last: NORM_CL_SEG_ROWS rows in blocks of
+ * block_rows()); each segment is computed by a fixed sequence of kernel calls and the segments
+ * are combined in index order.  Which thread computes what never changes a bit.
+ */
+#ifndef NORMA_ENGINE_H
+#define NORMA_ENGINE_H
+
+#include "geom.h"
+#include "impl.h"
+#include "ukernels.h"
+
+#define NORM_CF_CHUNK 4096     /* values per channels-first segment */
+#define NORM_CL_SEG_ROWS 4096  /* rows per channels-last segment */
+#define NORM_ROWS_CHUNK 1024   /* channels per rows-kernel call */
+#define NORM_SERIAL_BELOW 32768 /* tensors with fewer values run without a parallel region */
+#define NORM_NT_MIN_BYTES (8 << 20) /* outputs this large are written around the cache */
+#define NORM_MAX_UNIT 512      /* channels per BatchNorm unit */
+
+/* what a job reduces: nothing (apply only), the statistics, or the backward's sums; either
+   leaves 3 doubles per channel */
+enum { SUMS_NONE = 0, SUMS_STATS = 1, SUMS_BWD = 2 };
+
+typedef struct norm_job norm_job;
+
+/* A unit of work (see above).  Its per-channel arrays are indexed by channel - j0. */
+typedef struct norm_unit {
+  int64_t i0, i1;   /* samples */
+  int64_t j0, nc;   /* channels */
+  double *tot;      /* [3][ts] totals: statistics (t1, t2, anchor) or the backward's sums */
+  int64_t ts;
+  void *cst;        /* [C_COUNT][cs] constants of the kernels, in the compute type */
+  int64_t cs;
+  double *dcst;     /* [3][ts] forward constants in double (mhi, scale, shift), for `slow` */
+  int slow;         /* a channel's constants overflow the compute type: apply in double */
+} norm_unit;
+
+typedef void (*norm_unit_fn)(norm_job *jb, norm_unit *u);
+
+struct norm_job {
+  const norm_geom *g;
+  const bn_ukernels *uk;
+  size_t cbytes;   /* bytes of the compute type (4: float, 8: double) */
+  int rows_form;   /* the tensor is rows of c values (channels-last, or s == 1) */
+  int nt;          /* threads */
+  int64_t unit;    /* channels per unit */
+  int fused;       /* units end to end (else BatchNorm's split schedule) */
+  int store;       /* BN_STORE_NT when outputs bypass the cache */
+  int nsums;       /* SUMS_* */
+  int act;         /* the activation the reduction kernels see (the geometry's) */
+  int apply;       /* apply after finalize */
+  /* tensors */
+  const void *x, *res, *y, *dy;
+  void *out, *dres;
+  /* op callbacks and state */
+  norm_unit_fn prepare;  /* backward: the x_hat constants the reduction needs (may be NULL) */
+  norm_unit_fn finalize; /* totals -> constants and outputs */
+  const void *ctx;
+  double *per_nc;        /* [n][2][c] doubles shared by the units (per-sample ops), or NULL */
+  int want_per_nc;       /* ask run_job for per_nc */
+};
+
+/* Plans and runs the job (the op has set g, nsums, apply, tensors, callbacks). */
+norma_status norm_run_job(norm_job *jb);
+
+/* Plans only (query_plan). */
+void norm_plan_job(norm_job *jb);
+
+/* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
+
+static inline void norm_cst_set(const norm_job *jb, const norm_unit *u, int k, int64_t jrel,
+                                double v) {
+  if (jb->cbytes == 8) ((double *)u->cst)[k * u->cs + jrel] = v;
+  else ((float *)u->cst)[k * u->cs + jrel] = (float)v;
+}
+/* the value a constant has after rounding to the compute type */
+static inline double norm_cst_get(const norm_job *jb, const norm_unit *u, int k, int64_t jrel) {
+  return jb->cbytes == 8 ? ((double *)u->cst)[k * u->cs + jrel]
+                         : (double)((float *)u->cst)[k * u->cs + jrel];
+}
+
+/* Forward constants of channel jrel from a mean (hi + lo, double), invstd, gamma and beta:
+   y = (x - mhi) * scale + shift, where mhi is the mean rounded to the compute type (x - mhi is
+   exact on large-mean data) and the rest of the mean moves into the shift.  When scale or
+   shift does not fit the compute type although it is finite (an f32 channel whose spread is
+   below ~1e-38), the unit is marked slow and applied in double. */
+void norm_set_fwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double mean,
+                         double mean_lo, double invstd, double gamma, double beta);
+
+/* Backward constants of channel jrel for dx = da * (g - mg) + db * xh + dd0: written as
+   da * (g - gm) + db * xh + dd with gm = mg rounded to the compute type, so that g - gm stays
+   exact on data whose dy has a large mean (mg is the mean of g, or what plays its role). */
+void norm_set_bwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double da, double mg,
+                         double db, double dd0);
+
+/* moments (mean, m2) of channel jrel of a unit's STATS totals over cnt values */
+static inline void norm_moments_of(const norm_unit *u, int64_t jrel, double cnt, double *mean,
+                                   double *m2) {
+  const double t1 = u->tot[jrel], t2 = u->tot[u->ts + jrel];
+  const double v = t2 - t1 * (t1 / cnt);
+  *mean = u->tot[2 * u->ts + jrel] + t1 / cnt;
+  *m2 = v < 0.0 ? 0.0 : v; /* rounding can go below 0; NaN passes */
+}
+
+/* The backward's third sum alone, sum x_hat per channel of the unit into u->tot[2 * ts + j]
+   (u->tot is overwritten), with the unit's current x_hat constants: the op's prepare uses it
+   to remove the offset of a rounded saved mean before the activation's derivative needs
+   x_hat (SiLU). */
+void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u);
+
+/* ---- shared by the engine and the row path -------------------------------------------- */
+
+/* Per-thread scratch kept between calls (grown, never shrunk): slot 0 for what a call owns,
+   slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread). */
+void *norm_scratch(int slot, size_t bytes);
+
+/* Runs fn(jb, i0, i1, arg) over [0, n) split into one contiguous range per thread; a single
+   thread calls fn directly (no parallel region).  Streaming stores are fenced per thread. */
+typedef void (*norm_range_fn)(norm_job *jb, int64_t i0, int64_t i1, void *arg);
+void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg);
+/* the calling thread's index inside norm_parallel_for (0 outside a parallel region) */
+int norm_thread_id(void);
+
+/* The compute-type kernels for the job's dtype on the current ISA; sets jb->uk and cbytes. */
+void norm_job_kernels(norm_job *jb);
+
+/* op entry points (called by norm_impl_cpu in cpu_impl.c) */
+norma_status norm_bn_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a);
+norma_status norm_bn_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a);
+norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels, const void *x,
+                                  int64_t row_stride, int64_t channel_stride, double *mean,
+                                  double *m2);
+norma_status norm_group_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a);
+norma_status norm_group_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a);
+norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a);
+norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a);
+
+#endif

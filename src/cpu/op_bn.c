@@ -1,0 +1,246 @@
+/* op_bn.c - BatchNorm on the engine: a group is a channel over the whole batch.  What is
+ * BatchNorm's own: the finalize of each operation (statistics -> constants, save_*, running
+ * statistics; the backward's sums -> dx constants, dgamma, dbeta), the x_hat constants of the
+ * backward (from x and the saved statistics, or from y), and the split API's pieces.
+ */
+#include <math.h>
+
+#include "engine.h"
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+static void finalize_training(norm_job *jb, norm_unit *u) {
+  const norm_fwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  const double m = (double)g->m, im = 1.0 / m;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    const double t1 = u->tot[j], t2 = u->tot[u->ts + j];
+    const double var = norm_var(t2 - t1 * (t1 * im), m);
+    double mean, mlo;
+    norm_two_sum(u->tot[2 * u->ts + j], t1 * im, &mean, &mlo);
+    const double is = norm_invstd(var, g->eps);
+    norm_set_fwd_consts(jb, u, j, mean, mlo, is, norma__param(g->dt, a->gamma, ch, 1.0),
+                        norma__param(g->dt, a->beta, ch, 0.0));
+    if (a->save_mean) norma__param_store(g->dt, a->save_mean, ch, mean);
+    if (a->save_invstd) norma__param_store(g->dt, a->save_invstd, ch, is);
+    norm_running_apply(a->run, g->dt, a->running_mean, a->running_var, ch, mean, var, m);
+  }
+}
+
+static void finalize_inference(norm_job *jb, norm_unit *u) {
+  const norm_fwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    norm_set_fwd_consts(jb, u, j, norma__param(g->dt, a->mean_in, ch, 0), 0.0,
+                        1.0 / sqrt(norma__param(g->dt, a->var_in, ch, 0) + g->eps),
+                        norma__param(g->dt, a->gamma, ch, 1.0), norma__param(g->dt, a->beta, ch, 0.0));
+  }
+}
+
+static void finalize_apply(norm_job *jb, norm_unit *u) {
+  const norm_fwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    norm_set_fwd_consts(jb, u, j, a->mean_d[ch], 0.0, a->invstd_d[ch],
+                        norma__param(g->dt, a->gamma, ch, 1.0), norma__param(g->dt, a->beta, ch, 0.0));
+  }
+}
+
+static void finalize_moments(norm_job *jb, norm_unit *u) {
+  const norm_fwd_args *a = jb->ctx;
+  for (int64_t j = 0; j < u->nc; j++)
+    norm_moments_of(u, j, (double)jb->g->m, &a->mean_out[u->j0 + j], &a->m2_out[u->j0 + j]);
+}
+
+norma_status norm_bn_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a) {
+  static const norm_unit_fn fin[] = {finalize_training, finalize_inference, finalize_apply,
+                                     finalize_moments};
+  norm_job jb = {.g = g, .nsums = (mode == NORM_FWD_TRAINING || mode == NORM_FWD_MOMENTS)
+                                      ? SUMS_STATS : SUMS_NONE,
+                 .apply = mode != NORM_FWD_MOMENTS, .x = a->x, .res = a->res, .out = a->y,
+                 .finalize = fin[mode], .ctx = a};
+  return norm_run_job(&jb);
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+static double bwd_mean(const norm_geom *g, const norm_bwd_args *a, int64_t ch) {
+  return a->mean_d ? a->mean_d[ch] : norma__param(g->dt, a->save_mean, ch, 0);
+}
+static double bwd_invstd(const norm_geom *g, const norm_bwd_args *a, int64_t ch) {
+  return a->invstd_d ? a->invstd_d[ch] : norma__param(g->dt, a->save_invstd, ch, 0);
+}
+
+/* x_hat = (v - a) * b + c: from x with the mean split into its rounded value a and the rest;
+   or from y as (y - beta) / gamma. */
+static void prepare_xhat(norm_job *jb, norm_unit *u) {
+  const norm_bwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    if (!a->x) {
+      norm_cst_set(jb, u, C_A, j, norma__param(g->dt, a->beta, ch, 0.0));
+      norm_cst_set(jb, u, C_B, j, 1.0 / norma__param(g->dt, a->gamma, ch, 1.0));
+      norm_cst_set(jb, u, C_C, j, 0.0);
+    } else {
+      const double mean = bwd_mean(g, a, ch), is = bwd_invstd(g, a, ch);
+      norm_cst_set(jb, u, C_A, j, mean);
+      norm_cst_set(jb, u, C_B, j, is);
+      const double lo = mean - norm_cst_get(jb, u, C_A, j);
+      norm_cst_set(jb, u, C_C, j, lo == 0.0 ? 0.0 : -lo * is);
+    }
+  }
+}
+
+/* dx = k * (g - mg - (xh - s) * S / count);  with GLOBAL_STATS dx = k * g */
+static void set_bwd(norm_job *jb, norm_unit *u, int64_t j, double k, double mg, double S_over_count,
+                    double s, int global) {
+  if (global) norm_set_bwd_consts(jb, u, j, k, 0.0, 0.0, 0.0);
+  else norm_set_bwd_consts(jb, u, j, k, mg, -k * S_over_count, k * s * S_over_count);
+}
+
+static void finalize_backward(norm_job *jb, norm_unit *u) {
+  const norm_bwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  const int global = (g->flags & NORMA_BN_GLOBAL_STATS) != 0;
+  const double m = (double)g->m;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    const double sg = u->tot[j], sgx = u->tot[u->ts + j], sx = u->tot[2 * u->ts + j];
+    const double s = (a->x && !global) ? norm_xhat_offset(sx, m) : 0.0;
+    const double S = sgx - s * sg;
+    set_bwd(jb, u, j, norma__param(g->dt, a->gamma, ch, 1.0) * bwd_invstd(g, a, ch), sg / m, S / m,
+            s, global);
+    if (a->dgamma) norma__param_store(g->dt, a->dgamma, ch, S);
+    if (a->dbeta) norma__param_store(g->dt, a->dbeta, ch, sg);
+  }
+}
+
+static void finalize_reduce(norm_job *jb, norm_unit *u) {
+  const norm_bwd_args *a = jb->ctx;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    a->o_dy[ch] = u->tot[j];
+    a->o_dy_xhat[ch] = u->tot[u->ts + j];
+    if (a->o_xhat) a->o_xhat[ch] = u->tot[2 * u->ts + j];
+  }
+}
+
+static void finalize_bwd_apply(norm_job *jb, norm_unit *u) {
+  const norm_bwd_args *a = jb->ctx;
+  const norm_geom *g = jb->g;
+  const int global = (g->flags & NORMA_BN_GLOBAL_STATS) != 0;
+  const double cnt = global ? 1.0 : (double)a->count;
+  for (int64_t j = 0; j < u->nc; j++) {
+    const int64_t ch = u->j0 + j;
+    const double sg = global ? 0.0 : a->sum_dy[ch], sgx = global ? 0.0 : a->sum_dy_xhat[ch];
+    const double s = (!global && a->sum_xhat) ? a->sum_xhat[ch] / cnt : 0.0;
+    set_bwd(jb, u, j, norma__param(g->dt, a->gamma, ch, 1.0) * a->invstd_d[ch], sg / cnt,
+            (sgx - s * sg) / cnt, s, global);
+  }
+}
+
+norma_status norm_bn_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a) {
+  static const norm_unit_fn fin[] = {finalize_backward, finalize_reduce, finalize_bwd_apply};
+  norm_job jb = {.g = g, .nsums = mode == NORM_BWD_APPLY ? SUMS_NONE : SUMS_BWD,
+                 .apply = mode != NORM_BWD_REDUCE, .x = a->x ? a->x : a->y, .y = a->y,
+                 .dy = a->dy, .out = a->dx, .dres = a->dres, .prepare = prepare_xhat,
+                 .finalize = fin[mode], .ctx = a};
+  return norm_run_job(&jb);
+}
+
+/* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */
+
+/* mean and m2 of n values from sums relative to the anchor k */
+static inline void tile_moments(double k, double t1, double t2, double n, double *mean, double *m2) {
+  const double v = t2 - t1 * (t1 / n);
+  *mean = k + t1 / n;
+  *m2 = v < 0.0 ? 0.0 : v;
+}
+
+norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels, const void *x,
+                                  int64_t row_stride, int64_t channel_stride, double *mean,
+                                  double *m2) {
+  const bn_ukernels *uk = bn_ukernels_for(norma__isa(), dt);
+  const size_t es = norma__dtype_size(dt);
+  if (channel_stride == 1 && row_stride >= channels) {
+    /* rows of adjacent channels: blocks of rows (the engine's block_rows rule for the
+       statistics), anchored at the first block's anchors */
+    enum { RC = NORM_ROWS_CHUNK };
+    static _Thread_local double t1[RC], t2[RC], b1[RC], b2[RC], kd[RC];
+    static _Thread_local union { float f[RC]; double d[RC]; } k;
+    int64_t br = 64;
+    while (br < 256 && 2 * br <= (int64_t)(128 * 1024) / (channels * (int64_t)es)) br *= 2;
+    for (int64_t j0 = 0; j0 < channels; j0 += RC) {
+      const int64_t nc = channels - j0 < RC ? channels - j0 : RC;
+      for (int64_t r0 = 0; r0 < rows; r0 += br) {
+        const int64_t n = rows - r0 < br ? rows - r0 : br;
+        const char *blk = (const char *)x + (size_t)(r0 * row_stride + j0) * es;
+        if (r0 == 0) {
+          uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd);
+          for (int64_t j = 0; j < nc; j++) {
+            if (dt == NORMA_F64) k.d[j] = kd[j];
+            else k.f[j] = (float)kd[j];
+          }
+        } else {
+          uk->stats_rows(blk, n, row_stride, nc, &k, b1, b2, NULL);
+          for (int64_t j = 0; j < nc; j++) t1[j] += b1[j], t2[j] += b2[j];
+        }
+      }
+      for (int64_t j = 0; j < nc; j++)
+        tile_moments(kd[j], t1[j], t2[j], (double)rows, &mean[j0 + j], &m2[j0 + j]);
+    }
+    return NORMA_OK;
+  }
+  if (row_stride == 1) {
+    /* each channel a contiguous run, in chunks anchored at the first chunk's anchor */
+    for (int64_t j = 0; j < channels; j++) {
+      const char *base = (const char *)x + (size_t)(j * channel_stride) * es;
+      double s1 = 0.0, s2 = 0.0, kk = 0.0, o[3];
+      union { float f; double d; } k;
+      for (int64_t r0 = 0; r0 < rows; r0 += NORM_CF_CHUNK) {
+        const int64_t n = rows - r0 < NORM_CF_CHUNK ? rows - r0 : NORM_CF_CHUNK;
+        uk->stats_run(base + (size_t)r0 * es, n, r0 == 0 ? NULL : (const void *)&k, o);
+        if (r0 == 0) {
+          kk = o[2];
+          if (dt == NORMA_F64) k.d = kk;
+          else k.f = (float)kk;
+        }
+        s1 += o[0], s2 += o[1];
+      }
+      tile_moments(kk, s1, s2, (double)rows, &mean[j], &m2[j]);
+    }
+    return NORMA_OK;
+  }
+  return norm_impl_ref.moments_tile(dt, rows, channels, x, row_stride, channel_stride, mean, m2);
+}
+
+/* ---- plan introspection ----------------------------------------------------------------- */
+
+void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
+  norm_job jb = {.g = g, .nsums = op == NORMA_BN_OP_FORWARD_INFERENCE ? SUMS_NONE
+                                  : op == NORMA_BN_OP_BACKWARD        ? SUMS_BWD
+                                                                      : SUMS_STATS,
+                 .apply = 1};
+  norm_plan_job(&jb);
+  out->fused = jb.fused;
+  out->unit = jb.fused ? jb.unit : 0;
+  out->threads = jb.nt;
+  out->isa = bn_ukernels_isa(norma__isa(), g->dt);
+  out->streaming_stores = jb.store != 0;
+  out->reference = 0;
+  /* reads of the inputs from memory: 1 when there is no reduction, or when a fused unit stays
+     in the L2 share between its reduction and its apply */
+  if (!jb.nsums) {
+    out->dram_passes = 1;
+  } else if (!jb.fused) {
+    out->dram_passes = 2;
+  } else {
+    const double tensors = jb.nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
+    const double unit_bytes = (double)jb.unit * (double)g->m * (double)g->esize * tensors;
+    out->dram_passes = unit_bytes <= (double)(norma__l2_bytes() / 2) ? 1 : 2;
+  }
+}

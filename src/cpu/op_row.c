@@ -1,0 +1,277 @@
+/* op_row.c - the per-sample norms whose groups are contiguous pieces of a row: LayerNorm and
+ * RMSNorm over [rows, d] (one group per row), and GroupNorm / InstanceNorm on [N, C] tensors
+ * (s == 1: c / cpg groups per row).  The affine is per element of the row.
+ *
+ * One idea: a row is reduced and applied while it is in L1/L2, so the tensor crosses memory
+ * once (forward: read x [and the residual], write y [and the sum]; backward: read x and dy
+ * [and dsum], write dx).  The backward's dgamma / dbeta are column sums over the rows:
+ * accumulated per block of rows in the compute type, added in double per block, blocks fixed by
+ * the shape and combined in order, so that they do not depend on the thread count.
+ */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define ROW_BLOCK 64   /* rows per compute-type accumulation of dgamma / dbeta */
+#define ROW_UNITS 64   /* most row units of the backward (their partials are c doubles x 2) */
+
+static inline size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+typedef struct row_ctx {
+  const norm_geom *g;
+  norm_job *jb;
+  const norm_fwd_args *fa;
+  const norm_bwd_args *ba;
+  const void *gam, *bet; /* [c] compute type: the user's (float / double) or ones / zeros */
+  char *thr;             /* per-thread regions */
+  size_t thr_bytes;
+  double *part;          /* backward: [units][2][c] */
+  int64_t rows_per_unit;
+} row_ctx;
+
+static inline const char *at(const norm_geom *g, const void *p, int64_t e) {
+  return p ? (const char *)p + (size_t)e * g->esize : NULL;
+}
+
+/* the compute-type arrays gamma / beta: the parameters themselves (float for f32/f16/bf16,
+   double for f64), or ones / zeros in scratch */
+static void params(row_ctx *rc, const void *gamma, const void *beta, char *mem) {
+  const norm_geom *g = rc->g;
+  const size_t cb = rc->jb->cbytes;
+  rc->gam = gamma, rc->bet = beta;
+  if (!gamma || !beta) {
+    for (int64_t j = 0; j < g->c; j++) {
+      if (cb == 8) ((double *)mem)[j] = 1.0, ((double *)mem)[g->c + j] = 0.0;
+      else ((float *)mem)[j] = 1.0f, ((float *)mem)[g->c + j] = 0.0f;
+    }
+    if (!gamma) rc->gam = mem;
+    if (!beta) rc->bet = mem + (size_t)g->c * cb;
+  }
+}
+
+static inline void kset(const row_ctx *rc, void *k, int idx, double v) {
+  if (rc->jb->cbytes == 8) ((double *)k)[idx] = v;
+  else ((float *)k)[idx] = (float)v;
+}
+static inline double kget(const row_ctx *rc, const void *k, int idx) {
+  return rc->jb->cbytes == 8 ? ((const double *)k)[idx] : (double)((const float *)k)[idx];
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+/* statistics of a contiguous group of len values: mean (hi + lo) and biased variance, or the
+   mean square for RMSNorm */
+static void group_stats(const row_ctx *rc, const char *h, int64_t len, double *mean,
+                        double *mlo, double *var) {
+  const norm_geom *g = rc->g;
+  const bn_ukernels *uk = rc->jb->uk;
+  if (g->rms) {
+    double q = 0.0;
+    for (int64_t i = 0; i < len; i += NORM_CF_CHUNK)
+      q += uk->sumsq_run(h + (size_t)i * g->esize, len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK);
+    /* squares below f32's normal range (a row of values under ~1e-19) or above it (~1e19):
+       the row again in double (rare) */
+    if (rc->jb->cbytes == 4 && !(q >= 0x1p-100 && q <= 0x1p100)) {
+      q = 0.0;
+      for (int64_t i = 0; i < len; i++) {
+        const double v = norma__load(g->dt, h, i);
+        q += v * v;
+      }
+    }
+    *mean = 0.0, *mlo = 0.0, *var = norm_var(q, (double)len);
+    return;
+  }
+  double t1 = 0.0, t2 = 0.0, K = 0.0, o[3];
+  for (int64_t i = 0; i < len; i += NORM_CF_CHUNK) {
+    const int64_t n = len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK;
+    uk->stats_run(h + (size_t)i * g->esize, n, NULL, o);
+    if (i == 0) {
+      t1 = o[0], t2 = o[1], K = o[2];
+    } else {
+      double a, b;
+      bn_stats_shift(o[2], K, o[0], o[1], (double)n, &a, &b);
+      t1 += a, t2 += b;
+    }
+  }
+  const double cnt = (double)len;
+  *var = norm_var(t2 - t1 * (t1 / cnt), cnt);
+  norm_two_sum(K, t1 / cnt, mean, mlo);
+}
+
+/* the forward of one group in double, for constants that overflow the compute type */
+static void affine_slow(const row_ctx *rc, const char *h, char *y, int64_t len, int64_t c0,
+                        double mean, double mlo, double is) {
+  const norm_geom *g = rc->g;
+  for (int64_t j = 0; j < len; j++) {
+    const double gm = rc->jb->cbytes == 8 ? ((const double *)rc->gam)[c0 + j]
+                                          : (double)((const float *)rc->gam)[c0 + j];
+    const double bt = rc->jb->cbytes == 8 ? ((const double *)rc->bet)[c0 + j]
+                                          : (double)((const float *)rc->bet)[c0 + j];
+    const double v = ((norma__load(g->dt, h, j) - mean) - mlo) * is * gm + bt;
+    norma__store(g->dt, y, j, v);
+  }
+}
+
+static void fwd_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
+  const row_ctx *rc = arg;
+  const norm_geom *g = rc->g;
+  const norm_fwd_args *a = rc->fa;
+  const bn_ukernels *uk = jb->uk;
+  const int64_t c = g->c, cpg = g->cpg;
+  const size_t es = g->esize, cb = jb->cbytes;
+  char *buf = rc->thr + (size_t)(jb->nt > 1 ? norm_thread_id() : 0) * rc->thr_bytes;
+  double kk[K_COUNT];
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t e = r * c;
+    const char *h = at(g, a->x, e);
+    if (a->res) { /* h = x + residual, into the sum output or this thread's row buffer */
+      char *hw = a->sum ? (char *)a->sum + (size_t)e * es : buf;
+      uk->add_run(h, at(g, a->res, e), hw, c);
+      h = hw;
+    }
+    for (int64_t c0 = 0; c0 < c; c0 += cpg) {
+      const char *hg = h + (size_t)c0 * es;
+      double mean, mlo, var;
+      group_stats(rc, hg, cpg, &mean, &mlo, &var);
+      const double is = norm_invstd(var, g->eps);
+      const int64_t G = r * (c / cpg) + c0 / cpg;
+      if (a->save_mean) norma__param_store(g->dt, a->save_mean, G, mean);
+      if (a->save_invstd) norma__param_store(g->dt, a->save_invstd, G, is);
+      /* xh = (h - mhi) * is + c0, mhi the mean rounded to the compute type */
+      kset(rc, kk, K_A, mean);
+      const double lo = (mean - kget(rc, kk, K_A)) + mlo, cc = lo == 0.0 ? 0.0 : -lo * is;
+      kset(rc, kk, K_B, is);
+      kset(rc, kk, K_C, cc);
+      char *y = (char *)a->y + (size_t)(e + c0) * es;
+      if (cb == 4 && ((fabs(is) > FLT_MAX && isfinite(is)) || (fabs(cc) > FLT_MAX && isfinite(cc))))
+        affine_slow(rc, hg, y, cpg, c0, mean, mlo, is);
+      else
+        uk->affine_run(hg, y, cpg, kk, (const char *)rc->gam + (size_t)c0 * cb,
+                       (const char *)rc->bet + (size_t)c0 * cb, jb->store);
+    }
+  }
+}
+
+norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a) {
+  if (mode != NORM_FWD_TRAINING) return norm_bn_forward(g, mode, a); /* IN / GN inference */
+  norm_job jb = {.g = g};
+  norm_job_kernels(&jb);
+  jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
+  if (jb.nt > g->n) jb.nt = (int)g->n;
+  jb.store = g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
+  row_ctx rc = {.g = g, .jb = &jb, .fa = a};
+  const size_t pb = up64((size_t)g->c * 2 * jb.cbytes);
+  rc.thr_bytes = a->res && !a->sum ? up64((size_t)g->c * g->esize) : 0;
+  char *mem = norm_scratch(0, pb + (size_t)jb.nt * rc.thr_bytes + 64);
+  if (!mem)
+    return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating scratch");
+  params(&rc, a->gamma, a->beta, mem);
+  rc.thr = mem + pb;
+  norm_parallel_for(&jb, g->n, fwd_rows, &rc);
+  return NORMA_OK;
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+/* one unit of rows: each row reduced then applied; dgamma / dbeta column sums in the compute
+   type per ROW_BLOCK rows, added into the unit's double partials */
+static void bwd_unit(const row_ctx *rc, int64_t unit, char *acc) {
+  const norm_geom *g = rc->g;
+  const norm_bwd_args *a = rc->ba;
+  norm_job *jb = rc->jb;
+  const bn_ukernels *uk = jb->uk;
+  const int64_t c = g->c, cpg = g->cpg, nrows = g->n;
+  const size_t es = g->esize, cb = jb->cbytes;
+  const int64_t r0 = unit * rc->rows_per_unit;
+  const int64_t r1 = r0 + rc->rows_per_unit < nrows ? r0 + rc->rows_per_unit : nrows;
+  const int grads = a->dgamma || a->dbeta;
+  double *part = rc->part ? rc->part + (size_t)unit * 2 * (size_t)c : NULL;
+  if (part) memset(part, 0, sizeof(double) * 2 * (size_t)c);
+  char *ag = acc, *ab = acc + up64((size_t)c * cb);
+  double kk[K_COUNT];
+  for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK) {
+    const int64_t re = rb + ROW_BLOCK < r1 ? rb + ROW_BLOCK : r1;
+    if (grads) memset(acc, 0, 2 * up64((size_t)c * cb));
+    for (int64_t r = rb; r < re; r++) {
+      const int64_t e = r * c;
+      for (int64_t c0 = 0; c0 < c; c0 += cpg) {
+        const int64_t G = r * (c / cpg) + c0 / cpg, off = e + c0;
+        const double mean = g->rms ? 0.0 : norma__param(g->dt, a->save_mean, G, 0);
+        const double is = norma__param(g->dt, a->save_invstd, G, 0);
+        kset(rc, kk, K_A, mean);
+        const double lo = mean - kget(rc, kk, K_A), cc = lo == 0.0 ? 0.0 : -lo * is;
+        kset(rc, kk, K_B, is);
+        kset(rc, kk, K_C, cc);
+        const char *gam = (const char *)rc->gam + (size_t)c0 * cb;
+        /* S1 = sum gamma dy, S2 = sum gamma dy xh, S3 = sum xh, in chunks, in order */
+        double S1 = 0.0, S2 = 0.0, S3 = 0.0, o[3];
+        for (int64_t i = 0; i < cpg; i += NORM_CF_CHUNK) {
+          const int64_t n = cpg - i < NORM_CF_CHUNK ? cpg - i : NORM_CF_CHUNK;
+          uk->affine_bwd_sums_run(at(g, a->x, off + i), at(g, a->dy, off + i), n, kk,
+                                  gam + (size_t)i * cb, o);
+          S1 += o[0], S2 += o[1], S3 += o[2];
+        }
+        const double M = (double)cpg;
+        const double s = g->rms ? 0.0 : norm_xhat_offset(S3, M);
+        const double A = g->rms ? 0.0 : S1, Bc = S2 - s * S1;
+        /* dx = is * (gamma dy - A / M) - is * Bc / M * (xh - s): xh - s through K_C */
+        kset(rc, kk, K_C, cc - s);
+        kset(rc, kk, K_GM, A / M);
+        const double gm = kget(rc, kk, K_GM);
+        kset(rc, kk, K_DA, is);
+        kset(rc, kk, K_DB, -is * Bc / M);
+        kset(rc, kk, K_DD, is * (gm - A / M));
+        uk->affine_bwd_run(at(g, a->x, off), at(g, a->dy, off), at(g, a->dsum, off),
+                           (char *)a->dx + (size_t)off * es, cpg, kk, gam,
+                           grads ? ag + (size_t)c0 * cb : NULL, grads ? ab + (size_t)c0 * cb : NULL,
+                           jb->store);
+      }
+    }
+    if (part)
+      for (int64_t j = 0; j < c; j++) {
+        part[j] += cb == 8 ? ((double *)ag)[j] : (double)((float *)ag)[j];
+        part[c + j] += cb == 8 ? ((double *)ab)[j] : (double)((float *)ab)[j];
+      }
+  }
+}
+
+static void bwd_units(norm_job *jb, int64_t u0, int64_t u1, void *arg) {
+  const row_ctx *rc = arg;
+  char *acc = rc->thr + (size_t)(jb->nt > 1 ? norm_thread_id() : 0) * rc->thr_bytes;
+  for (int64_t u = u0; u < u1; u++) bwd_unit(rc, u, acc);
+}
+
+norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a) {
+  (void)mode;
+  norm_job jb = {.g = g};
+  norm_job_kernels(&jb);
+  /* units of rows fixed by the shape (the partials' order), at most ROW_UNITS */
+  const int64_t units = g->n < ROW_UNITS ? g->n : ROW_UNITS;
+  row_ctx rc = {.g = g, .jb = &jb, .ba = a, .rows_per_unit = (g->n + units - 1) / units};
+  const int64_t nunits = (g->n + rc.rows_per_unit - 1) / rc.rows_per_unit;
+  jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
+  if (jb.nt > nunits) jb.nt = (int)nunits;
+  jb.store = g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
+  const int grads = a->dgamma || a->dbeta;
+  const size_t pb = up64((size_t)g->c * 2 * jb.cbytes);
+  const size_t partb = grads ? up64((size_t)nunits * 2 * (size_t)g->c * sizeof(double)) : 0;
+  rc.thr_bytes = 2 * up64((size_t)g->c * jb.cbytes);
+  char *mem = norm_scratch(0, pb + partb + (size_t)jb.nt * rc.thr_bytes + 64);
+  if (!mem)
+    return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating scratch");
+  params(&rc, a->gamma, NULL, mem);
+  rc.part = grads ? (double *)(mem + pb) : NULL;
+  rc.thr = mem + pb + partb;
+  norm_parallel_for(&jb, nunits, bwd_units, &rc);
+  if (grads)
+    for (int64_t j = 0; j < g->c; j++) {
+      double dg = 0.0, db = 0.0;
+      for (int64_t u = 0; u < nunits; u++)
+        dg += rc.part[(size_t)u * 2 * g->c + j], db += rc.part[(size_t)u * 2 * g->c + g->c + j];
+      if (a->dgamma) norma__param_store(g->dt, a->dgamma, j, dg);
+      if (a->dbeta) norma__param_store(g->dt, a->dbeta, j, db);
+    }
+  return NORMA_OK;
+}

@@ -1,0 +1,187 @@
+/* simd_avx512.h - the vector layer of ukernels_vec.inc for AVX-512 (F, BW, VL, DQ): 16 f32
+ * lanes, opmask tails (masked loads and stores never touch memory outside the mask).
+ * f16 is widened with vcvtph2ps (AVX512F); bf16 with a 16-bit shift, and rounded to nearest
+ * even on store with integer arithmetic: the AVX512-BF16 conversion (vcvtneps2bf16) treats
+ * subnormal inputs as zero, which would change results against the portable definition
+ * (convert.h) and PyTorch's; the integer rounding costs a few operations per 16 values of a
+ * memory-bound kernel.  The operations match simd_avx2.h lane for lane, so the kernels give
+ * the same bits on both.
+ */
+#ifndef NORMA_SIMD_AVX512_H
+#define NORMA_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VW 16
+#define VAI static inline __attribute__((always_inline))
+
+enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2 };
+
+typedef __m512 vf;
+typedef __mmask16 vm;
+
+VAI vf vzero(void) { return _mm512_setzero_ps(); }
+VAI vf vset1(float a) { return _mm512_set1_ps(a); }
+VAI vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+VAI vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+VAI vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+VAI vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+VAI vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+VAI vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+VAI vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+VAI vf vmax0(vf v) { return _mm512_max_ps(_mm512_setzero_ps(), v); } /* NaN passes */
+
+VAI vm vmask_first(int n) { return (vm)(n >= 16 ? 0xffffu : ((1u << n) - 1u)); }
+VAI vf vand_m(vf v, vm m) { return _mm512_maskz_mov_ps(m, v); }
+VAI vf vblend_m(vm m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); } /* m ? b : a */
+VAI vm vgt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+VAI vf vkeep_pos(vf g, vf y) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), g);
+}
+
+/* ---- loads and stores by storage type ---- */
+
+VAI vf v_widen(__m256i h, const int dt) {
+  if (dt == S_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+VAI vf vld(const void *p, int64_t i, const int dt) {
+  if (dt == S_F32) return _mm512_loadu_ps((const float *)p + i);
+  return v_widen(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)), dt);
+}
+
+VAI vf vld_part(const void *p, int64_t i, int n, const int dt) {
+  if (dt == S_F32) return _mm512_maskz_loadu_ps(vmask_first(n), (const float *)p + i);
+  return v_widen(_mm256_maskz_loadu_epi16(vmask_first(n), (const uint16_t *)p + i), dt);
+}
+
+VAI __m256i v_to_bf16(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+VAI __m256i v_narrow(vf v, const int dt) {
+  return dt == S_F16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : v_to_bf16(v);
+}
+
+VAI void vst(void *p, int64_t i, vf v, const int dt) {
+  if (dt == S_F32) _mm512_storeu_ps((float *)p + i, v);
+  else _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
+}
+
+VAI void vst_part(void *p, int64_t i, vf v, int n, const int dt) {
+  if (dt == S_F32) _mm512_mask_storeu_ps((float *)p + i, vmask_first(n), v);
+  else _mm256_mask_storeu_epi16((uint16_t *)p + i, vmask_first(n), v_narrow(v, dt));
+}
+
+VAI void vst_nt(void *p, int64_t i, vf v, const int dt, int nt) {
+  if (nt) {
+    if (dt == S_F32) {
+      float *q = (float *)p + i;
+      const uintptr_t a = (uintptr_t)q;
+      if ((a & 63) == 0) {
+        _mm512_stream_ps(q, v);
+        return;
+      }
+      if ((a & 31) == 0) {
+        _mm256_stream_ps(q, _mm512_castps512_ps256(v));
+        _mm256_stream_ps(q + 8, _mm512_extractf32x8_ps(v, 1));
+        return;
+      }
+      if ((a & 15) == 0) { /* malloc's 16-byte alignment */
+        _mm_stream_ps(q, _mm512_castps512_ps128(v));
+        _mm_stream_ps(q + 4, _mm512_extractf32x4_ps(v, 1));
+        _mm_stream_ps(q + 8, _mm512_extractf32x4_ps(v, 2));
+        _mm_stream_ps(q + 12, _mm512_extractf32x4_ps(v, 3));
+        return;
+      }
+    } else {
+      uint16_t *q = (uint16_t *)p + i;
+      const uintptr_t a = (uintptr_t)q;
+      if ((a & 31) == 0) {
+        _mm256_stream_si256((__m256i *)q, v_narrow(v, dt));
+        return;
+      }
+      if ((a & 15) == 0) {
+        const __m256i h = v_narrow(v, dt);
+        _mm_stream_si128((__m128i *)q, _mm256_castsi256_si128(h));
+        _mm_stream_si128((__m128i *)(q + 8), _mm256_extracti128_si256(h, 1));
+        return;
+      }
+    }
+  }
+  vst(p, i, v, dt);
+}
+
+/* values before the next 64-byte (f32) or 32-byte (16-bit) boundary of p + i, at most n */
+VAI int64_t vto_boundary(const void *p, int64_t i, int64_t n, const int dt) {
+  const uintptr_t es = dt == S_F32 ? 4 : 2, al = dt == S_F32 ? 64 : 32;
+  const uintptr_t a = (uintptr_t)p + (uintptr_t)i * es;
+  int64_t k = (int64_t)(((al - (a & (al - 1))) & (al - 1)) / es);
+  return k < n ? k : n;
+}
+
+VAI vf vldk(const float *k, int n) {
+  if (n == VW) return _mm512_loadu_ps(k);
+  return _mm512_maskz_loadu_ps(vmask_first(n), k);
+}
+VAI vf vload_a(const float *p) { return _mm512_load_ps(p); }
+VAI void vstore_a(float *p, vf v) { _mm512_store_ps(p, v); }
+VAI vf vloadu(const float *p) { return _mm512_loadu_ps(p); }
+VAI void vstoreu(float *p, vf v) { _mm512_storeu_ps(p, v); }
+
+/* ---- reductions: the order of simd_avx2.h (32 -> 16 -> 8 -> 4 -> 2 -> 1) ---- */
+
+VAI double vreduce32(const vf *a) {
+  const __m512 s = _mm512_add_ps(a[0], a[1]); /* lane k: x_k + x_{k+16} */
+  const __m256 a0 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return (double)_mm_cvtss_f32(h);
+}
+VAI float vhmin(vf v) { return _mm512_reduce_min_ps(v); }
+VAI float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
+
+VAI void vstore_sums(double *o, vf v, int n) {
+  double t[16];
+  _mm512_storeu_pd(t, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+  _mm512_storeu_pd(t + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+  memcpy(o, t, (size_t)n * sizeof(double));
+}
+
+/* ---- the anchor and exp's pieces, as simd_avx2.h ---- */
+
+VAI vf vanchor(vf sum, vf mn, vf mx, vf inv) {
+  const __m512 mean = _mm512_mul_ps(sum, inv), range = _mm512_sub_ps(mx, mn);
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(range), 23),
+                                     _mm512_set1_epi32(0xff));
+  const __m512 q = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(5)), 23));
+  const __m512 iq = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(259), e), 23));
+  const __m512 t = _mm512_mul_ps(mean, iq);
+  const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+  const __m512 r = _mm512_mul_ps(_mm512_sub_ps(_mm512_add_ps(t, magic), magic), q);
+  __mmask16 ok = _mm512_cmp_ps_mask(range, _mm512_setzero_ps(), _CMP_GT_OQ);
+  ok &= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(6));
+  ok &= _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(255), e);
+  ok &= _mm512_cmp_ps_mask(t, _mm512_set1_ps(0x1p22f), _CMP_LT_OQ);
+  ok &= _mm512_cmp_ps_mask(t, _mm512_set1_ps(-0x1p22f), _CMP_GT_OQ);
+  const __m512 res = _mm512_mask_blend_ps(ok, mean, r);
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(range, _mm512_setzero_ps(), _CMP_EQ_OQ), res, mn);
+}
+
+VAI vf vpow2i(vf n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n),
+                                                                _mm512_set1_epi32(127)), 23));
+}
+VAI vf vround(vf v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+#endif

@@ -1,0 +1,60 @@
+/* ukernels.c - the kernel tables the engine runs: for each ISA and dtype, the ISA's kernels
+   where it has them and the portable ones elsewhere, merged once. */
+#include <pthread.h>
+#include <stddef.h>
+
+#include "ukernels.h"
+
+#define NISA 3
+#define NDT 4
+static bn_ukernels merged[NISA][NDT];
+static norma_isa served[NISA][NDT];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* the table an ISA level provides for dtype t (NULL: none) */
+static const bn_ukernels *native(norma_isa isa, norma_dtype t) {
+  switch (isa) {
+#ifdef NORMA_HAVE_AVX2
+    case NORMA_ISA_AVX2: return bn_ukernels_avx2(t);
+#endif
+#ifdef NORMA_HAVE_AVX2
+    case NORMA_ISA_AVX512:
+      if (norma__avx512_emulated()) return bn_ukernels_emu16(t);
+#ifdef NORMA_HAVE_AVX512
+      return bn_ukernels_avx512(t);
+#else
+      return NULL;
+#endif
+#endif
+    default: return NULL;
+  }
+}
+
+static void merge_all(void) {
+  for (int i = 0; i < NISA; i++)
+    for (int t = 0; t < NDT; t++) {
+      /* a level without a table of its own falls back to the level below */
+      const bn_ukernels *own = NULL;
+      int lvl = i;
+      for (; lvl > 0 && !(own = native((norma_isa)lvl, (norma_dtype)t)); lvl--) {
+      }
+      bn_ukernels m = *bn_ukernels_scalar((norma_dtype)t);
+      if (own) {
+#define TAKE(f) if (own->f) m.f = own->f;
+        BN_UKERNEL_SLOTS(TAKE)
+#undef TAKE
+      }
+      merged[i][t] = m;
+      served[i][t] = own ? (norma_isa)lvl : NORMA_ISA_SCALAR;
+    }
+}
+
+const bn_ukernels *bn_ukernels_for(norma_isa isa, norma_dtype t) {
+  (void)pthread_once(&once, merge_all);
+  return &merged[(int)isa < NISA ? (int)isa : NISA - 1][(int)t];
+}
+
+norma_isa bn_ukernels_isa(norma_isa isa, norma_dtype t) {
+  (void)pthread_once(&once, merge_all);
+  return served[(int)isa < NISA ? (int)isa : NISA - 1][(int)t];
+}

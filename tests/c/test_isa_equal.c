@@ -1,0 +1,177 @@
+/* test_isa_equal.c - the vector ISAs agree bit for bit.  The AVX2 and AVX-512 kernels are one
+ * source (ukernels_vec.inc) with one accumulation structure, so every op must give identical
+ * outputs under NORMA_ISA_AVX2 and NORMA_ISA_AVX512: BatchNorm (training, inference,
+ * backward, each activation, both layouts), LayerNorm / RMSNorm (residual, dsum), GroupNorm /
+ * InstanceNorm (ReLU, SiLU, both layouts), f32 / f16 / bf16, over shapes with every tail of
+ * 8- and 16-lane vectors.
+ *
+ * On a CPU without AVX-512 the avx512 level exists only under NORMA_EMULATE_AVX512=1 (ctest
+ * sets it): the AVX-512 code then runs on simd_emu16.h.  Without either the test says so and
+ * exits 77 (ctest: skipped), which is not a pass.
+ */
+#include "test_util.h"
+
+typedef struct bufs {
+  size_t tb, pb, gb; /* tensor, [c] parameter, [groups] statistics bytes */
+  void *x, *r, *dy, *g, *b, *rm, *rv;
+  void *out[32];     /* outputs of one run */
+  size_t osz[32];
+  int nout;
+} bufs;
+
+static void *fresh(bufs *B, size_t bytes) {
+  void *p = tu_poisoned(bytes);
+  B->out[B->nout] = p, B->osz[B->nout] = bytes, B->nout++;
+  return p;
+}
+static void drop(bufs *B) {
+  for (int i = 0; i < B->nout; i++) free(B->out[i]);
+  B->nout = 0;
+}
+
+/* the ops of one case, into fresh outputs; returns 0 when a call failed */
+typedef int (*run_fn)(bufs *B, const void *desc);
+
+static int run_bn(bufs *B, const void *dv) {
+  const norma_bn_desc *d = dv;
+  void *y = fresh(B, B->tb), *sm = fresh(B, B->pb), *si = fresh(B, B->pb);
+  void *rm = tu_dup(B->rm, B->pb), *rv = tu_dup(B->rv, B->pb);
+  int ok = norma_bn_forward_training(d, B->x, B->r, B->g, B->b, y, sm, si, rm, rv, 0.1) == NORMA_OK;
+  memcpy(fresh(B, B->pb), rm, B->pb), memcpy(fresh(B, B->pb), rv, B->pb);
+  free(rm), free(rv);
+  void *yi = fresh(B, B->tb);
+  ok &= norma_bn_forward_inference(d, B->x, B->r, B->g, B->b, B->rm, B->rv, yi) == NORMA_OK;
+  void *dx = fresh(B, B->tb), *dr = fresh(B, B->tb), *dg = fresh(B, B->pb), *db = fresh(B, B->pb);
+  ok &= norma_bn_backward(d, B->x, y, B->dy, B->g, B->b, sm, si, dx,
+                          (d->flags & NORMA_BN_ADD_RELU) ? dr : NULL, dg, db) == NORMA_OK;
+  return ok;
+}
+
+static int run_ln(bufs *B, const void *dv) {
+  const norma_ln_desc *d = dv;
+  int ok = 1;
+  for (int rms = 0; rms < 2; rms++) {
+    void *y = fresh(B, B->tb), *h = fresh(B, B->tb), *sm = fresh(B, B->gb), *si = fresh(B, B->gb);
+    void *dx = fresh(B, B->tb);
+    void *dg = fresh(B, B->pb);
+    if (!rms) {
+      void *db = fresh(B, B->pb);
+      ok &= norma_ln_forward(d, B->x, B->r, B->g, B->b, y, h, sm, si) == NORMA_OK;
+      ok &= norma_ln_backward(d, h, B->dy, B->r, B->g, sm, si, dx, dg, db) == NORMA_OK;
+    } else {
+      ok &= norma_rms_forward(d, B->x, B->r, B->g, y, h, si) == NORMA_OK;
+      ok &= norma_rms_backward(d, h, B->dy, B->r, B->g, si, dx, dg) == NORMA_OK;
+    }
+  }
+  return ok;
+}
+
+static int run_gn(bufs *B, const void *dv) {
+  const norma_gn_desc *d = dv;
+  void *y = fresh(B, B->tb), *sm = fresh(B, B->gb), *si = fresh(B, B->gb);
+  void *dx = fresh(B, B->tb), *dg = fresh(B, B->pb), *db = fresh(B, B->pb);
+  int ok = norma_gn_forward(d, B->x, B->g, B->b, y, sm, si) == NORMA_OK;
+  ok &= norma_gn_backward(d, B->x, y, B->dy, B->g, B->b, sm, si, dx, dg, db) == NORMA_OK;
+  return ok;
+}
+
+static int run_in(bufs *B, const void *dv) {
+  const norma_in_desc *d = dv;
+  void *y = fresh(B, B->tb), *sm = fresh(B, B->gb), *si = fresh(B, B->gb);
+  void *rm = tu_dup(B->rm, B->pb), *rv = tu_dup(B->rv, B->pb);
+  int ok = norma_in_forward_training(d, B->x, B->g, B->b, y, sm, si, rm, rv, 0.1) == NORMA_OK;
+  memcpy(fresh(B, B->pb), rm, B->pb), memcpy(fresh(B, B->pb), rv, B->pb);
+  free(rm), free(rv);
+  void *yi = fresh(B, B->tb);
+  ok &= norma_in_forward_inference(d, B->x, B->g, B->b, B->rm, B->rv, yi) == NORMA_OK;
+  void *dx = fresh(B, B->tb), *dg = fresh(B, B->pb), *db = fresh(B, B->pb);
+  ok &= norma_in_backward(d, B->x, y, B->dy, B->g, B->b, sm, si, dx, dg, db) == NORMA_OK;
+  return ok;
+}
+
+/* runs a case under AVX2 and AVX-512 and compares every output byte for byte */
+static void compare(const char *what, run_fn fn, const void *desc, norma_dtype dt, int64_t total,
+                    int64_t c, int64_t groups, uint64_t seed) {
+  bufs B;
+  memset(&B, 0, sizeof B);
+  B.tb = (size_t)total * tu_esize(dt), B.pb = (size_t)c * tu_psize(dt);
+  B.gb = (size_t)groups * tu_psize(dt);
+  tu_rng r = tu_rng_make(seed);
+  B.x = tu_alloc(B.tb), B.r = tu_alloc(B.tb), B.dy = tu_alloc(B.tb);
+  B.g = tu_alloc(B.pb), B.b = tu_alloc(B.pb), B.rm = tu_alloc(B.pb), B.rv = tu_alloc(B.pb);
+  tu_fill_uniform(dt, B.x, total, &r, -2.0, 3.0);
+  tu_fill_uniform(dt, B.r, total, &r, -1.0, 1.0);
+  tu_fill_uniform(dt, B.dy, total, &r, -1.0, 1.0);
+  tu_fill_param(dt, B.g, c, &r, 0.5, 1.5);
+  tu_fill_param(dt, B.b, c, &r, -0.5, 0.5);
+  tu_fill_param(dt, B.rm, c, &r, -0.5, 0.5);
+  tu_fill_param(dt, B.rv, c, &r, 0.5, 2.0);
+  (void)norma_set_max_isa(NORMA_ISA_AVX2);
+  const int ok2 = fn(&B, desc);
+  bufs A = B;
+  memcpy(A.out, B.out, sizeof B.out);
+  B.nout = 0;
+  (void)norma_set_max_isa(NORMA_ISA_AVX512);
+  const int ok5 = fn(&B, desc);
+  TU_CHECK(ok2 && ok5, "%s: a call failed (%s)", what, norma_last_error());
+  for (int i = 0; i < B.nout && i < A.nout; i++)
+    TU_CHECK(memcmp(A.out[i], B.out[i], B.osz[i]) == 0, "%s: output %d differs between AVX2 and "
+             "AVX-512", what, i);
+  drop(&A), drop(&B);
+  free(B.x), free(B.r), free(B.dy), free(B.g), free(B.b), free(B.rm), free(B.rv);
+}
+
+int main(void) {
+  (void)norma_set_max_isa(NORMA_ISA_AVX512);
+  if (norma_get_isa() != NORMA_ISA_AVX512) {
+    printf("test_isa_equal: no avx512 level on this CPU and NORMA_EMULATE_AVX512 unset: not "
+           "run\n");
+    return 77;
+  }
+  (void)norma_set_max_isa(NORMA_ISA_AVX2);
+  if (norma_get_isa() != NORMA_ISA_AVX2) {
+    printf("test_isa_equal: no AVX2: not run\n");
+    return 77;
+  }
+  const norma_dtype dts[] = {NORMA_F32, NORMA_F16, NORMA_BF16};
+  const int64_t cs[] = {1, 3, 8, 15, 16, 17, 33, 64, 1000};
+  const int64_t ss[] = {1, 7, 15, 16, 17, 49, 97};
+  char what[256];
+  uint64_t seed = 1;
+  for (int di = 0; di < 3; di++)
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+      for (size_t si = 0; si < sizeof ss / sizeof ss[0]; si++)
+        for (int lay = 0; lay < 2; lay++) {
+          const norma_dtype dt = dts[di];
+          const int64_t c = cs[ci], s = ss[si], n = 2;
+          if (c * s > 20000) continue;
+          const unsigned bnf[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU};
+          for (int f = 0; f < 3; f++) {
+            norma_bn_desc d = {n, c, s, (norma_layout)lay, dt, 1e-5, bnf[f]};
+            snprintf(what, sizeof what, "bn %s %s c=%lld s=%lld flags=%u", tu_dt_name(dt),
+                     tu_layout_name(d.layout), (long long)c, (long long)s, bnf[f]);
+            compare(what, run_bn, &d, dt, n * c * s, c, c, seed++);
+          }
+          const unsigned gnf[] = {0, NORMA_RELU, NORMA_SILU};
+          const int64_t gs[] = {1, c};
+          for (int f = 0; f < 3; f++)
+            for (int gi = 0; gi < 2; gi++) {
+              norma_gn_desc d = {n, c, s, gs[gi], (norma_layout)lay, dt, 1e-5, gnf[f]};
+              snprintf(what, sizeof what, "gn %s %s c=%lld s=%lld G=%lld flags=%u", tu_dt_name(dt),
+                       tu_layout_name(d.layout), (long long)c, (long long)s, (long long)gs[gi], gnf[f]);
+              compare(what, run_gn, &d, dt, n * c * s, c, n * gs[gi], seed++);
+            }
+          if (s >= 2) {
+            norma_in_desc d = {n, c, s, (norma_layout)lay, dt, 1e-5, NORMA_SILU};
+            snprintf(what, sizeof what, "in %s %s c=%lld s=%lld", tu_dt_name(dt),
+                     tu_layout_name(d.layout), (long long)c, (long long)s);
+            compare(what, run_in, &d, dt, n * c * s, c, n * c, seed++);
+          }
+          if (lay == 0 && s <= 17) { /* LayerNorm / RMSNorm rows of c * s values */
+            norma_ln_desc d = {3, c * s, dt, 1e-5, 0};
+            snprintf(what, sizeof what, "ln/rms %s d=%lld", tu_dt_name(dt), (long long)(c * s));
+            compare(what, run_ln, &d, dt, 3 * c * s, c * s, 3, seed++);
+          }
+        }
+  return tu_finish("test_isa_equal");
+}
