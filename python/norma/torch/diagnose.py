@@ -143,8 +143,8 @@ def _scan(x):
 def _upstream_cause(x, value):
     v = str(value).lower()
     if "nan" in v:
-        return ("the input is already NaN: made upstream (0 / 0, Inf - Inf, an invalid op) or "
-                "by a diverged previous step (check the weights)")
+        return ("the input is already NaN: made upstream (0 / 0, Inf - Inf, Inf x 0, an invalid "
+                "op) or by a diverged previous step")
     if x.dtype in (torch.float16, torch.bfloat16):
         return ("the input is already %s: with %s activations this is usually an overflow of "
                 "the layer that produced it (|values| > %g)"
@@ -253,7 +253,20 @@ class detect_nonfinite:
             return
         r = _scan(x)
         if r is not None:
-            self._found(name, mod, where, r[0], r[1], r[2], x, _upstream_cause(x, r[2]))
+            cause = _upstream_cause(x, r[2])
+            bad = self._nonfinite_parameters()
+            if bad:
+                cause += "; not finite in the model: %s" % ", ".join(bad)
+            self._found(name, mod, where, r[0], r[1], r[2], x, cause)
+
+    def _nonfinite_parameters(self, limit=3):
+        out = []
+        for pname, p in self.model.named_parameters():
+            if not bool(torch.isfinite(p.detach()).all()):
+                out.append("parameter %r" % pname)
+                if len(out) == limit:
+                    break
+        return out
 
     def _from_norma_error(self, name, mod, x, e):
         m = _ARG.search(e.detail or "")
