@@ -44,12 +44,17 @@ class Variant:
         self.backend = backend
         self.train = train
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        self.seed = 0
         self.times = []
+        self.cpu = []
         self.model.train(train)
 
     def step(self, x, y):
         ctx = _ops.use_backend(self.backend) if self.backend else _Null()
+        if self.train:  # the same dropout masks for every variant of a round
+            torch.manual_seed(self.seed)
         with ctx:
+            c0 = time.process_time()
             t0 = time.perf_counter()
             if self.train:
                 loss = torch.nn.functional.cross_entropy(self.model(x), y)
@@ -60,6 +65,7 @@ class Variant:
                 with torch.no_grad():
                     loss = torch.nn.functional.cross_entropy(self.model(x), y)
             dt = time.perf_counter() - t0
+            self.last_cpu = time.process_time() - c0
         return dt, float(loss)
 
 
@@ -90,27 +96,33 @@ def run(args):
                 x = torch.randn(args.batch, 3, args.size, args.size, generator=g)
                 x = x.contiguous(memory_format=fmt)
                 y = torch.randint(0, 100, (args.batch,), generator=g)
-                first = [v.step(x, y)[1] for v in variants]
+                first = [v.step(x, y)[1] for v in variants]  # the same loss: same seed, weights
                 for _ in range(args.warmup - 1):
                     for v in variants:
                         v.step(x, y)
                 for r in range(args.rounds):
                     order = variants if r % 2 == 0 else variants[::-1]
                     for v in order:
+                        v.seed = r
                         v.times.append(v.step(x, y)[0])
+                        v.cpu.append(v.last_cpu)
                 t = statistics.median(variants[0].times)
                 row = {"model": name, "format": fmt_name, "mode": mode, "batch": args.batch,
                        "size": args.size, "threads": args.threads,
                        "loss_first": first}
+                tc = statistics.median(variants[0].cpu)
                 for v in variants:
                     row[v.name + "_ms"] = 1e3 * statistics.median(v.times)
                     row[v.name + "_min_ms"] = 1e3 * min(v.times)
                     row[v.name + "_speedup"] = t / statistics.median(v.times)
+                    row[v.name + "_cpu_ms"] = 1e3 * statistics.median(v.cpu)
+                    row[v.name + "_cpu_speedup"] = tc / statistics.median(v.cpu)
                 results.append(row)
                 print("%-13s %-13s %-5s " % (name, fmt_name, mode) + "  ".join(
-                    "%s %.1f ms (%.3fx)" % (v.name, row[v.name + "_ms"], row[v.name + "_speedup"])
-                    for v in variants) + "   first loss %s" % " / ".join(
-                        "%.6f" % f for f in first), flush=True)
+                    "%s %.1f ms (%.3fx, cpu %.3fx)" % (
+                        v.name, row[v.name + "_ms"], row[v.name + "_speedup"],
+                        row[v.name + "_cpu_speedup"]) for v in variants) +
+                    "   first loss %s" % " / ".join("%.6f" % f for f in first), flush=True)
     return results
 
 
@@ -129,9 +141,10 @@ def main():
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args()
     print("torch %s, torchvision %s, libnorma %s, norma.torch backend: %s, %d threads, "
-          "load %s" % (torch.__version__, torchvision.__version__, norma.version(),
-                       nt.backend(), args.threads, os.getloadavg()[0]), flush=True)
+          "load %.1f" % (torch.__version__, torchvision.__version__, norma.version(),
+                         nt.backend(), args.threads, os.getloadavg()[0]), flush=True)
     rows = run(args)
+    print("load %.1f at the end" % os.getloadavg()[0])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

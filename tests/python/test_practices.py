@@ -504,3 +504,27 @@ def test_extension_is_used_when_built():
     s = _ops.extension_status()
     assert s["reason"] is None and s["path"], s
     assert int(torch.ops.norma.library_address()) > 0
+
+
+def test_double_backward_is_an_error_not_a_wrong_answer():
+    x = torch.randn(4, 3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    y = nt.batch_norm(x, None, None, w, None, True)
+    (gx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice|not differentiable"):
+        gx.sum().backward()
+
+
+def test_fused_residual_of_another_dtype():
+    """relu(bn(x) + residual) with a bfloat16 x and a float32 residual (autocast around a
+    residual block): the add is torch's, with its type promotion."""
+    bn = nt.BatchNorm2d(3, fuse_relu=True)
+    ref = nn.BatchNorm2d(3)
+    x = torch.randn(4, 3, 5, 5, generator=_gen(10)).bfloat16().requires_grad_()
+    r = torch.randn(4, 3, 5, 5, generator=_gen(11)).requires_grad_()
+    y = bn(x, r)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, torch.relu(ref(x.detach()).float() + r.detach()), rtol=2e-2,
+                               atol=2e-2)
+    y.sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and r.grad is not None
