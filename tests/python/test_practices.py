@@ -528,3 +528,19 @@ def test_fused_residual_of_another_dtype():
                                atol=2e-2)
     y.sum().backward()
     assert x.grad.dtype == torch.bfloat16 and r.grad is not None
+
+
+def test_trace_in_training_mode_counts_batches(torch_backend):
+    """A trace of a training-mode model updates the running statistics and the batch counter
+    when it runs, as the eager model does."""
+    torch.manual_seed(12)
+    model = nt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 3, 6, 6, generator=_gen(13))
+    traced = torch.jit.trace(model, x, check_trace=False)   # the trace ran the model once
+    for _ in range(2):
+        traced(x)
+        ref(x)
+    assert int(model[1].num_batches_tracked) == 3 and int(ref[1].num_batches_tracked) == 2
+    ref(x)
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)

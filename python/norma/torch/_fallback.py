@@ -133,10 +133,16 @@ def batch_norm(input, weight, bias, residual, running_mean, running_var, num_bat
         with _no_trace():
             takes = _norma_takes(input)
         if takes and not (flags & BN_ADD_RELU and residual.dtype != input.dtype):
-            # one autograd function, which the trace records as one op
+            # one autograd function, which the trace records as one op; the batch counter's
+            # increment is recorded too (as torch's _BatchNorm.forward does it)
             with _no_trace():
-                factor, bn_training = _module_rules(input, running_mean, running_var,
-                                                    num_batches_tracked, training, momentum)
+                factor, bn_training = _module_rules(input, running_mean, running_var, None,
+                                                    training, momentum)
+            if num_batches_tracked is not None:
+                with torch.no_grad():
+                    num_batches_tracked.add_(1)
+                if momentum is None:
+                    factor = 1.0 / float(num_batches_tracked)
             if bn_training:
                 return BatchNormTrainFunction.apply(input, weight, bias, residual, running_mean,
                                                     running_var, running_count, factor, eps,

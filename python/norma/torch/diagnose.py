@@ -26,6 +26,7 @@ AdaptiveGradClip scales the gradients of the BatchNorm parameters down when thei
 `factor` times an exponential average of that norm.
 """
 
+import functools
 import math
 import re
 
@@ -202,7 +203,7 @@ class detect_nonfinite:
 
     def _watch(self, name, mod):
         orig = mod.__dict__.get("forward")
-        cls_forward = type(mod).forward
+        inner = orig if orig is not None else functools.partial(type(mod).forward, mod)
 
         def forward(*args, **kw):
             x = args[0] if args else kw.get("input")
@@ -211,7 +212,7 @@ class detect_nonfinite:
             if len(args) > 1 and isinstance(args[1], torch.Tensor):  # the fused residual
                 self._check_input(name, mod, args[1], "residual")
             try:
-                y = cls_forward(mod, *args, **kw)
+                y = inner(*args, **kw)
             except NormaError as e:
                 self._from_norma_error(name, mod, x, e)
                 raise
