@@ -8,13 +8,16 @@ Functional API on numpy arrays and CPU torch tensors::
     y = norma.batch_norm_inference(x, rm, rv, gamma, beta)
     y = norma.batch_norm(x, rm, rv, weight, bias, training, momentum, eps)   # F.batch_norm order
 
-PyTorch modules (autograd, channels_last, fused ReLU / add+ReLU) are in ``norma.torch``:
-``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` (over MPI, with mpi4py), ``convert(model)``,
-``fold_bn(model)``.  ``norma.mpi`` is the functional SyncBatchNorm (libnorma_mpi);
-``norma.check`` the precision checker (also the command tools/norma-check).
+PyTorch modules (autograd, channels_last, fused ReLU / add+ReLU, TorchScript) are in
+``norma.torch``: ``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` (over torch.distributed or MPI,
+inside DistributedDataParallel), ``convert(model, sync=...)``, ``fold_bn(model)``,
+``recompute_bn_stats``, ``detect_nonfinite``, ``AdaptiveGradClip``, ``StreamingBatchNorm``.
+``norma.mpi`` is the functional SyncBatchNorm over MPI (libnorma_mpi); ``norma.check`` the
+precision checker (also the command tools/norma-check).
 
-The shared library is found through NORMA_LIBRARY, beside the package, in the build tree of
-the checkout, or where ``cmake --install`` put it (see norma._lib).
+The shared libraries are found through NORMA_LIBRARY (NORMA_MPI_LIBRARY,
+NORMA_TORCH_LIBRARY), beside the package, in the build tree of the checkout, or where
+``cmake --install`` put them (see norma._lib).
 """
 
 from ._lib import (NormaError, NormaLibraryNotFound, library_path, CHANNELS_FIRST,
