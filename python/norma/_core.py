@@ -388,6 +388,26 @@ def running_count_inout(p):
     return inout_generic(p, 1, np.float64, "running_count")
 
 
+def counted_inout(running_count, count):
+    """The running count to pass to C for a batch of `count` values per channel (summed over
+    the ranks when synchronized).  The one home of the binding's rule for an unknown count: a
+    negative count (a module converted after training, statistics loaded without a count)
+    starts at this batch's count, which makes this update PyTorch's; the count is written
+    back only after the call succeeded (finish())."""
+    rc = running_count_inout(running_count)
+    if rc.ptr is None:
+        raise ValueError("count-weighted running statistics need running_count")
+    if ctypes.c_double.from_address(rc.ptr).value < 0:
+        tmp = np.array([float(count)])
+        rc = _P(tmp, tmp.ctypes.data, target=running_count)
+    return rc
+
+
+def count_unknown(running_count):
+    """Whether a running count (array or tensor, or None) is negative: not known yet."""
+    return running_count is not None and float(running_count.reshape(-1)[0]) < 0
+
+
 # ------------------------------------------------------------------------------------------
 # Public functions
 # ------------------------------------------------------------------------------------------
@@ -432,7 +452,7 @@ _TRAIN_COUNTED = invoker("norma_bn_forward_training_counted")
 def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_mean=None,
                           running_var=None, momentum=0.1, layout=None, relu=False,
                           residual=None, biased_running_var=False, check_finite=False,
-                          running_count=None, invoke_counted=None):
+                          running_count=None, invoke_counted=None, unknown_count=None):
     """batch_norm_forward_training through `invoke(d, x, residual, gamma, beta, y, save_mean,
     save_invstd, running_mean, running_var, momentum)` and, with a running count,
     `invoke_counted(..., running_var, running_count, momentum)` (None: the single-process
@@ -442,15 +462,18 @@ def forward_training_with(invoke, x, gamma=None, beta=None, eps=1e-5, running_me
                                                check_finite=check_finite,
                                                count_weighted=running_count is not None)
     Y, sm, si = train_prepared(X, residual, gamma, beta, running_mean, running_var,
-                               running_count, momentum, eps, flags, invoke, invoke_counted)
+                               running_count, momentum, eps, flags, invoke, invoke_counted,
+                               unknown_count)
     return Y.obj, sm.obj, si.obj
 
 
 def train_prepared(X, residual, gamma, beta, running_mean, running_var, running_count, momentum,
-                   eps, flags, invoke=None, invoke_counted=None):
+                   eps, flags, invoke=None, invoke_counted=None, unknown_count=None):
     """The training forward on a prepared x (the one home of the call; the functional API,
     norma.mpi and norma.torch's ctypes backend use it).  Returns the _T / _P objects
-    (Y, save_mean, save_invstd); running statistics are written back on success only."""
+    (Y, save_mean, save_invstd); running statistics are written back on success only.
+    unknown_count: the count a negative running count starts from (synchronized calls: the
+    global one; default this batch's)."""
     R = prepare_like(residual, X, "residual") if flags & BN_ADD_RELU else None
     g = param_in(gamma, X, "gamma")
     b = param_in(beta, X, "beta")
@@ -460,14 +483,8 @@ def train_prepared(X, residual, gamma, beta, running_mean, running_var, running_
         raise ValueError("momentum is None: pass a number in [0, 1] (the cumulative average "
                          "of torch's modules is 1 / num_batches_tracked)")
     counted = bool(flags & BN_COUNT_WEIGHTED) and (rm.ptr is not None or rv.ptr is not None)
-    rc = running_count_inout(running_count) if counted else _NULL
-    if counted and rc.ptr is None:
-        raise ValueError("count-weighted running statistics need running_count")
-    if counted and ctypes.c_double.from_address(rc.ptr).value < 0:
-        # a negative count means "not known yet" (a module converted after training): adopt
-        # this batch's count, which makes this update PyTorch's
-        tmp = np.array([float(X.n * X.spatial)])
-        rc = _P(tmp, tmp.ctypes.data, target=running_count)
+    rc = counted_inout(running_count, X.n * X.spatial if unknown_count is None
+                       else unknown_count) if counted else _NULL
     Y = new_like(X)
     sm = param_out(X)
     si = param_out(X)

@@ -26,8 +26,6 @@ import ctypes
 import os
 import threading
 
-import numpy as np
-
 from . import _core
 from . import _lib
 from ._lib import NormaError, NormaLibraryNotFound, BnDesc
@@ -202,30 +200,22 @@ def batch_norm_forward_training(x, gamma=None, beta=None, eps=1e-5, running_mean
     empty local batch ([0, C, ...]).  ``running_count`` (the same on every rank) makes the
     running statistics count-weighted with the global count
     (norma_bn_forward_training_counted_mpi).  Returns (y, save_mean, save_invstd)."""
-    target = None
-    if running_count is not None and (running_mean is not None or running_var is not None):
-        rc = _core.running_count_inout(running_count)
-        if ctypes.c_double.from_address(rc.ptr).value < 0:
-            # not known yet: start from the global count of this batch, which makes this
-            # update PyTorch's (one more collective, once)
-            X = _core.prepare(x, layout)
-            total = (comm or default_comm()).allreduce(int(X.n * X.spatial))
-            target, running_count = running_count, np.array([float(total)])
-    out = _core.forward_training_with(
+    total = None
+    if (running_mean is not None or running_var is not None) and \
+            _core.count_unknown(running_count):
+        total = global_count(x, layout, comm)
+    return _core.forward_training_with(
         invoker("norma_bn_forward_training_mpi", comm), x, gamma, beta, eps, running_mean,
         running_var, momentum, layout, relu, residual, biased_running_var, check_finite,
         running_count, invoker("norma_bn_forward_training_counted_mpi", comm)
-        if running_count is not None else None)
-    if target is not None:
-        _set_count(target, float(running_count[0]))
-    return out
+        if running_count is not None else None, total)
 
 
-def _set_count(p, value):
-    if _core.is_torch_tensor(p):
-        p.fill_(value)
-    else:
-        p[...] = value
+def global_count(x, layout=None, comm=None):
+    """Values per channel of the global batch (an allreduce of n * spatial over comm): what an
+    unknown running count starts from (one more collective, once per layer)."""
+    X = _core.prepare(x, layout)
+    return (comm or default_comm()).allreduce(int(X.n * X.spatial))
 
 
 def batch_norm_backward(dy, x, save_mean, save_invstd, gamma=None, beta=None, y=None,

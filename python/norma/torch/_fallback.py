@@ -279,10 +279,7 @@ def bn_sync_forward(x, residual, weight, bias, merged, running_mean, running_var
     rm = _core.param_inout(running_mean, X, "running_mean")
     rv = _core.param_inout(running_var, X, "running_var")
     counted = bool(flags & BN_COUNT_WEIGHTED) and (rm.ptr is not None or rv.ptr is not None)
-    rc = _core.running_count_inout(running_count) if counted else _core._NULL
-    if counted and ctypes.c_double.from_address(rc.ptr).value < 0:
-        tmp = np.array([float(total)])
-        rc = _core._P(tmp, tmp.ctypes.data, target=running_count)
+    rc = _core.counted_inout(running_count, total) if counted else _core._NULL
     counts = np.full(c, total, np.int64)
     stats = np.empty(2 * c, np.float64)
     sm = _core.param_out(X)

@@ -266,23 +266,15 @@ def _forward_mpi(x, weight, bias, residual, running_mean, running_var, running_c
     from .. import mpi as _mpi
     t0 = time.perf_counter()
     X = _core.prepare(x, None)
-    counted_fn = None
-    if running_count is not None:
-        counted_fn = _mpi.invoker("norma_bn_forward_training_counted_mpi", group.handle)
-        if float(running_count) < 0 and (running_mean is not None or running_var is not None):
-            total = group.handle.allreduce(int(X.n * X.spatial))
-            with torch.no_grad():
-                tmp = torch.tensor([float(total)], dtype=torch.float64)
-            Y, sm, si = _core.train_prepared(
-                X, residual, weight, bias, running_mean, running_var, tmp, momentum, eps,
-                flags & 0xffff, _mpi.invoker("norma_bn_forward_training_mpi", group.handle),
-                counted_fn)
-            with torch.no_grad():
-                running_count.fill_(float(tmp[0]))
-            return Y.obj, sm.obj, si.obj
+    total = None
+    if (running_mean is not None or running_var is not None) and \
+            _core.count_unknown(running_count):
+        total = _mpi.global_count(x, None, group.handle)
     Y, sm, si = _core.train_prepared(
         X, residual, weight, bias, running_mean, running_var, running_count, momentum, eps,
-        flags & 0xffff, _mpi.invoker("norma_bn_forward_training_mpi", group.handle), counted_fn)
+        flags & 0xffff, _mpi.invoker("norma_bn_forward_training_mpi", group.handle),
+        _mpi.invoker("norma_bn_forward_training_counted_mpi", group.handle)
+        if running_count is not None else None, total)
     if times is not None:
         times.calls += 1
         times.fwd_compute += time.perf_counter() - t0  # collective included: one C call
