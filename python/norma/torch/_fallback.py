@@ -4,6 +4,7 @@ where libnorma_torch was not built; the results are the same (the same C calls),
 per call is higher."""
 
 import ctypes
+import warnings
 
 import numpy as np
 import torch
@@ -70,6 +71,23 @@ def _backward(ctx, gy, extra_flags):
             DR.obj if DR is not None else None)
 
 
+class _quiet_tracer:
+    """Inside the autograd functions a trace records one op; the sizes the ctypes binding
+    reads there are not data flow, so the tracer's warnings about them are noise."""
+
+    def __enter__(self):
+        self.ctx = None
+        if torch.jit.is_tracing():
+            self.ctx = warnings.catch_warnings()
+            self.ctx.__enter__()
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+        return False
+
+
 class BatchNormTrainFunction(torch.autograd.Function):
     """apply(x, weight, bias, residual, running_mean, running_var, running_count, momentum,
     eps, flags) -> y: the training forward (batch statistics; running statistics updated in
@@ -78,6 +96,14 @@ class BatchNormTrainFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, residual, running_mean, running_var, running_count,
                 momentum, eps, flags):
+        with _quiet_tracer():
+            return BatchNormTrainFunction._forward(ctx, x, weight, bias, residual, running_mean,
+                                                   running_var, running_count, momentum, eps,
+                                                   flags)
+
+    @staticmethod
+    def _forward(ctx, x, weight, bias, residual, running_mean, running_var, running_count,
+                 momentum, eps, flags):
         X = _core.prepare(x, None)
         Y, sm, si = _core.train_prepared(X, residual, weight, bias, running_mean, running_var,
                                          running_count, momentum, eps, flags & C_FLAGS)
@@ -97,6 +123,12 @@ class BatchNormEvalFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, residual, mean, var, eps, flags):
+        with _quiet_tracer():
+            return BatchNormEvalFunction._forward(ctx, x, weight, bias, residual, mean, var, eps,
+                                                  flags)
+
+    @staticmethod
+    def _forward(ctx, x, weight, bias, residual, mean, var, eps, flags):
         X = _core.prepare(x, None)
         Y = _core.inference_prepared(X, residual, weight, bias, mean, var, eps, flags & C_FLAGS)
         pdt = X.pdtype
