@@ -11,6 +11,7 @@
  *     LayerNorm, GroupNorm and InstanceNorm in both layouts, y / dx / dgamma / dbeta within
  *     1e-4 (f64: 1e-8) normwise relative error of float64, the backward given the save_mean /
  *     save_invstd the forward wrote; RMSNorm with mean 0 / std 1 and mean 1e4 / std 0.1;
+ *     GroupNorm / InstanceNorm with the fused SiLU too;
  *  3. exact-statistics fills: values in pairs symmetric about a dyadic mean (RMSNorm: about 0),
  *     so that the mean and the variance are exact in any summation order: save_mean exact (or
  *     1 ulp), save_invstd (eps 0) within 1 ulp of 1 / sqrt(the exact variance) (f64: 2), and
@@ -411,6 +412,19 @@ static void test_large_mean(void) {
   }
 }
 
+/* The same promise with the fused SiLU: its derivative silu'(z) needs z = x_hat * gamma + beta,
+   and x_hat must be that of the batch mean, not of save_mean rounded to f32 (at mean / std =
+   1e5 the rounding moves x_hat by up to 5e-3, and silu'(z) with it). */
+static void test_large_mean_silu(void) {
+  for (int l = 0; l < 2; l++) {
+    const norma_layout lay = (norma_layout)l;
+    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 16, 100, 4, lay), NORMA_F32, 1e-5, NORMA_SILU},
+                    1e4, 0.1, 1e-4, 640 + l);
+    large_mean_case(&(nprob){K_IN, tn_geo_gn(2, 4, 500, 4, lay), NORMA_F32, 1e-5, NORMA_SILU},
+                    -1e4, 0.1, 1e-4, 642 + l);
+  }
+}
+
 /* ================================ 3. exact statistics =================================== */
 
 /* Fills every group of p with values in pairs center[G] +- k / 8 (k in 0..8, at least one
@@ -656,6 +670,7 @@ int main(void) {
   printf("test_norm_reference: ISA %s\n", norma_isa_name(norma_get_isa()));
   test_independent();
   test_large_mean();
+  test_large_mean_silu();
   test_exact();
   test_residual();
   return tu_finish("test_norm_reference");
