@@ -12,6 +12,8 @@
  *     1e-4 (f64: 1e-8) normwise relative error of float64, the backward given the save_mean /
  *     save_invstd the forward wrote; RMSNorm with mean 0 / std 1 and mean 1e4 / std 0.1;
  *     GroupNorm / InstanceNorm with the fused SiLU too;
+ *     extreme scales: f32 / bf16 data scaled by 2^k, k in [-100, 100], eps 0: y, save_invstd
+ *     and dx agree with float64 (the norms are scale invariant);
  *  3. exact-statistics fills: values in pairs symmetric about a dyadic mean (RMSNorm: about 0),
  *     so that the mean and the variance are exact in any summation order: save_mean exact (or
  *     1 ulp), save_invstd (eps 0) within 1 ulp of 1 / sqrt(the exact variance) (f64: 2), and
@@ -425,6 +427,73 @@ static void test_large_mean_silu(void) {
   }
 }
 
+/* ================================ 2b. extreme scales ==================================== */
+
+/* f32 / bf16 data scaled by 2^k (k from -100 to 100: every value a normal number, the saved
+   invstd still finite), eps 0: the norms are scale invariant, and the float64 reference shows
+   it; the production path must agree with it in y, save_invstd and dx.  The statistics of a
+   block are sums of squared deviations: in f32 they underflow for spreads below ~2^-64 and
+   overflow above ~2^62 unless they are scaled. */
+static void scale_case(const nprob *p, int k, uint64_t seed) {
+  const tn_geo *g = &p->g;
+  const int64_t total = ptotal(p), ng = tn_ngroups(g), c = g->c;
+  const norma_dtype dt = p->dt, pt = tu_ptype(dt);
+  const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt), gb = ng * tu_psize(dt);
+  const double tol = dt == NORMA_F32 ? 1e-5 : 1e-2;
+  tu_rng r = tu_rng_make(seed);
+  void *x = tu_alloc(tb), *dy = tu_alloc(tb), *gamma = tu_alloc(pb), *beta = tu_alloc(pb);
+  for (int64_t e = 0; e < total; e++) tu_store(dt, x, e, ldexp(0.5 + tu_uniform(&r, -1.5, 1.5), k));
+  for (int64_t e = 0; e < total; e++) tu_store(dt, dy, e, tu_uniform(&r, -1, 1.2));
+  tu_fill_param(dt, gamma, c, &r, 0.5, 1.5);
+  tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
+  double *h = tu_alloc(total * 8), *ey = tu_alloc(total * 8), *var = tu_alloc(ng * 8),
+         *inv = tu_alloc(ng * 8);
+  long double *meanl = tu_alloc(ng * sizeof(long double));
+  ind_forward(p, x, NULL, gamma, beta, h, meanl, var, inv, ey);
+  for (int use_ref = 1; use_ref >= 0; use_ref--) {
+    norma_set_use_reference(use_ref);
+    char what[64];
+    snprintf(what, sizeof what, "scale 2^%d", k);
+    set_prob_ctx(what, p, use_ref);
+    void *y = tu_poisoned(tb), *sm = tu_poisoned(gb), *si = tu_poisoned(gb), *dx = tu_poisoned(tb);
+    norma_status st = call_forward(p, x, NULL, gamma, beta, y, NULL, sm, si, NULL, NULL, 0.1);
+    EXPECT_OK(st, "forward");
+    double e = tu_normwise(dt, y, ey, total);
+    TU_CHECK(e <= tol, "[%s] y normwise error %.3g > %.3g", tu_ctx, e, tol);
+    e = tu_normwise(pt, si, inv, ng);
+    TU_CHECK(e <= 1e-5, "[%s] save_invstd normwise error %.3g > 1e-5 (e.g. %g, want %g)", tu_ctx, e,
+             tu_pload(dt, si, 0), inv[0]);
+    double *sid = tu_alloc(ng * 8), *edx = tu_alloc(total * 8), *edg = tu_alloc(c * 8),
+           *edb = tu_alloc(c * 8);
+    for (int64_t G = 0; G < ng; G++) sid[G] = tu_pload(dt, si, G);
+    ind_backward(p, h, y, dy, NULL, gamma, beta, sid, edx, edg, edb, NULL, NULL);
+    st = call_backward(p, x, y, dy, NULL, gamma, beta, sm, si, dx, NULL, NULL);
+    EXPECT_OK(st, "backward");
+    e = tu_normwise(dt, dx, edx, total);
+    TU_CHECK(e <= tol, "[%s] dx normwise error %.3g > %.3g", tu_ctx, e, tol);
+    free(sid), free(edx), free(edg), free(edb), free(y), free(sm), free(si), free(dx);
+  }
+  norma_set_use_reference(0);
+  free(x), free(dy), free(gamma), free(beta), free(h), free(ey), free(var), free(inv), free(meanl);
+}
+
+static void test_extreme_scales(void) {
+  static const int ks[] = {-100, -80, -70, -40, 40, 60, 62, 70, 100};
+  uint64_t seed = 660;
+  for (int t = 0; t < 2; t++) {
+    const norma_dtype dt = t ? NORMA_BF16 : NORMA_F32;
+    for (int ki = 0; ki < 9; ki++) {
+      const int k = ks[ki];
+      scale_case(&(nprob){K_LN, tn_geo_ln(6, 200), dt, 0.0, 0}, k, seed++);
+      scale_case(&(nprob){K_RMS, tn_geo_ln(6, 200), dt, 0.0, 0}, k, seed++);
+      for (int l = 0; l < 2; l++) {
+        scale_case(&(nprob){K_GN, tn_geo_gn(2, 8, 50, 2, (norma_layout)l), dt, 0.0, 0}, k, seed++);
+        scale_case(&(nprob){K_IN, tn_geo_gn(2, 3, 70, 3, (norma_layout)l), dt, 0.0, 0}, k, seed++);
+      }
+    }
+  }
+}
+
 /* ================================ 3. exact statistics =================================== */
 
 /* Fills every group of p with values in pairs center[G] +- k / 8 (k in 0..8, at least one
@@ -671,6 +740,7 @@ int main(void) {
   test_independent();
   test_large_mean();
   test_large_mean_silu();
+  test_extreme_scales();
   test_exact();
   test_residual();
   return tu_finish("test_norm_reference");
