@@ -533,9 +533,29 @@ static int use_fused(const norm_job *jb, int64_t units) {
    reduction and the apply.  Channels-first has no smaller unit than a channel, so it stays
    fused (the apply then reads again from memory); channels-last with too many rows for even
    one cache line of channels takes the split schedule, whose two passes stream whole rows. */
+/* Tuning knobs for experiments (docs/performance.md): NORMA_UNIT_BUDGET, bytes a fused unit
+   may hold per thread (default half the L2), and NORMA_MIN_PIECE, the shortest contiguous
+   piece of a channels-last row a fused unit may read (default 2048 bytes). */
+static int64_t env_bytes(const char *name, int64_t dflt) {
+  const char *e = getenv(name);
+  if (!e || !*e) return dflt;
+  const long long v = atoll(e);
+  return v > 0 ? (int64_t)v : dflt;
+}
+int64_t norm_unit_budget(void) {
+  static int64_t v = 0;
+  if (!v) v = env_bytes("NORMA_UNIT_BUDGET", norma__l2_bytes() / 2);
+  return v;
+}
+static int64_t min_piece(void) {
+  static int64_t v = 0;
+  if (!v) v = env_bytes("NORMA_MIN_PIECE", 2048);
+  return v;
+}
+
 static int plan_bn(norm_job *jb) {
   const norm_geom *g = jb->g;
-  const int64_t budget = norma__l2_bytes() / 2;
+  const int64_t budget = norm_unit_budget();
   const int64_t tensors = jb->nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
   if (!jb->rows_form) {
     /* channels per unit: enough for 8 KiB contiguous per image, within the L2 share */
@@ -563,7 +583,7 @@ static int plan_bn(norm_job *jb) {
   /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
      short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
      whole rows or pieces of at least 2 KiB */
-  if ((w < g->c && w * (int64_t)g->esize < 2048) || (double)w * per_channel > (double)budget)
+  if ((w < g->c && w * (int64_t)g->esize < min_piece()) || (double)w * per_channel > (double)budget)
     return 0;
   return use_fused(jb, (g->c + w - 1) / w);
 }

@@ -79,6 +79,9 @@ norma_status norm_run_job(norm_job *jb);
 
 /* Plans only (query_plan). */
 void norm_plan_job(norm_job *jb);
+/* Bytes a fused unit may hold per thread and still be applied from cache (half the L2, or
+   NORMA_UNIT_BUDGET). */
+int64_t norm_unit_budget(void);
 
 /* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
 

@@ -241,6 +241,6 @@ void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
   } else {
     const double tensors = jb.nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
     const double unit_bytes = (double)jb.unit * (double)g->m * (double)g->esize * tensors;
-    out->dram_passes = unit_bytes <= (double)(norma__l2_bytes() / 2) ? 1 : 2;
+    out->dram_passes = unit_bytes <= (double)norm_unit_budget() ? 1 : 2;
   }
 }
