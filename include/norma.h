@@ -6,7 +6,9 @@
  * dbeta), in f32 / f64 / f16 / bf16 storage with f32-or-wider math, channels-first
  * ([N, C, spatial...]) and channels-last ([N, spatial..., C]) layouts, fused with ReLU or
  * residual-add + ReLU.  A split "statistics / apply" API lets a producer (a GEMM, a
- * convolution) or a distributed runtime own the reduction.
+ * convolution) or a distributed runtime own the reduction.  The rest of the family with the
+ * same conventions: LayerNorm and RMSNorm (with the fused residual add of pre-norm
+ * transformers), GroupNorm (with fused SiLU / ReLU) and InstanceNorm (section at the end).
  *
  * Conventions that hold for every function below:
  *  - Every function returns a norma_status.  On any error nothing has been written: no output
