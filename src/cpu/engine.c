@@ -600,16 +600,17 @@ static void plan_per_sample(norm_job *jb) {
   if (!jb->rows_form) {
     const double want = 64.0 * 1024;
     k = gbytes >= want ? 1 : (int64_t)(want / gbytes);
-  } else if (g->n < 2 * (int64_t)jb->nt) {
+  } else if (g->n % jb->nt == 0 || g->n >= 4 * (int64_t)jb->nt) {
+    k = ngr; /* whole rows: both passes stream; the samples balance the threads */
+  } else {
     const double piece = (double)cpg * (double)g->esize; /* bytes of a group in a row */
     k = piece >= 2048.0 ? 1 : (int64_t)ceil(2048.0 / piece);
-  } else {
-    k = ngr;
   }
   if (k > ngr) k = ngr;
   if (k < 1) k = 1;
-  /* enough units for the threads */
-  while (k > 1 && g->n * ((ngr + k - 1) / k) < 4 * (int64_t)jb->nt) k = (k + 1) / 2;
+  /* enough units for the threads (whole rows already balance them) */
+  if (k < ngr || !jb->rows_form)
+    while (k > 1 && g->n * ((ngr + k - 1) / k) < 4 * (int64_t)jb->nt) k = (k + 1) / 2;
   jb->unit = k * cpg;
 }
 
