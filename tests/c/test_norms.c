@@ -514,10 +514,10 @@ int main(void) {
     if (fam <= FAM_RMS) {
       run_rows(fam == FAM_RMS, quick);
     } else { /* the group norms' grid is larger (layouts, activations): a smaller budget */
-      small_ = quick ? 3000 : 20000;
-      mid_ = quick ? 12000 : 50000;
-      big_ = quick ? 40000 : 150000;
-      top_ = quick ? 1 : 3;
+      small_ = quick ? 3000 : 16000;
+      mid_ = quick ? 12000 : 40000;
+      big_ = quick ? 40000 : 110000;
+      top_ = quick ? 1 : 2;
       run_groups(fam == FAM_IN, quick);
     }
     if (timing)
