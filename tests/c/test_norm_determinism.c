@@ -8,8 +8,12 @@
  * backward in both layouts; every dtype.  The engine runs serially below 32768 values, so the
  * shapes are mostly larger than that (LN 300 x 1024 and 301 x 1030, GN N=3 C=64 G=8 spatial
  * 56*56, GN on [600, 64], IN N=2 C=32 spatial 33*33) - where the thread count changes how the
- * engine cuts the work (units, row ranges) - plus a few small ones.
+ * engine cuts the work (units, row ranges) - plus a few small ones.  Also: the ops called
+ * concurrently from four application threads on disjoint data give the results of the same
+ * calls made one after the other.
  */
+#include <pthread.h>
+
 #include "test_norm_util.h"
 
 enum { FAM_LN, FAM_RMS, FAM_GN, FAM_IN };
@@ -140,6 +144,75 @@ static void det_case(int fam, int64_t n, int64_t c, int64_t s, int64_t groups, n
   free(p.rv0);
 }
 
+/* ---- concurrent calls from several application threads, on disjoint data ---- */
+
+typedef struct job {
+  problem p;
+  outs seq, conc[3];
+  int bad;
+} job;
+
+static void *worker(void *arg) {
+  job *j = arg;
+  for (int rep = 0; rep < 3; rep++) j->bad += run_all(&j->p, &j->conc[rep]);
+  return NULL;
+}
+
+static void test_concurrent(void) {
+  enum { NJ = 4 };
+  job jobs[NJ];
+  for (int k = 0; k < NJ; k++) {
+    job *j = &jobs[k];
+    memset(j, 0, sizeof *j);
+    const int fam = k; /* LN, RMS, GN, IN */
+    const norma_dtype dt = TN_DTS[(k + 1) % 4];
+    const int64_t n = fam <= FAM_RMS ? 90 : 3, c = fam <= FAM_RMS ? 500 : 32, s = fam <= FAM_RMS ? 1 : 401;
+    j->p = (problem){.fam = fam, .n = n, .c = c, .s = s, .groups = fam == FAM_GN ? 4 : c,
+                     .lay = (norma_layout)(k % 2), .dt = dt,
+                     .flags = fam == FAM_GN ? NORMA_SILU : fam == FAM_IN ? NORMA_RELU : 0u};
+    const int64_t total = n * c * s;
+    const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
+    tu_rng r = tu_rng_make(77 + k);
+    j->p.x = tu_alloc(tb), j->p.res = tu_alloc(tb), j->p.dy = tu_alloc(tb), j->p.dsum = tu_alloc(tb);
+    j->p.gamma = tu_alloc(pb), j->p.beta = tu_alloc(pb), j->p.rm0 = tu_alloc(pb), j->p.rv0 = tu_alloc(pb);
+    tu_fill_uniform(dt, j->p.x, total, &r, -3, 5);
+    tu_fill_uniform(dt, j->p.res, total, &r, -1, 1);
+    tu_fill_uniform(dt, j->p.dy, total, &r, -1, 1);
+    tu_fill_uniform(dt, j->p.dsum, total, &r, -1, 1);
+    tu_fill_param(dt, j->p.gamma, c, &r, 0.5, 1.5);
+    tu_fill_param(dt, j->p.beta, c, &r, -1, 1);
+    tu_fill_param(dt, j->p.rm0, c, &r, -1, 1);
+    tu_fill_param(dt, j->p.rv0, c, &r, 0.5, 2);
+  }
+  norma_set_num_threads(2);
+  for (int k = 0; k < NJ; k++) jobs[k].bad += run_all(&jobs[k].p, &jobs[k].seq);
+  pthread_t th[NJ];
+  for (int k = 0; k < NJ; k++)
+    TU_CHECK(pthread_create(&th[k], NULL, worker, &jobs[k]) == 0, "pthread_create");
+  for (int k = 0; k < NJ; k++) pthread_join(th[k], NULL);
+  norma_set_num_threads(0);
+  for (int k = 0; k < NJ; k++) {
+    job *j = &jobs[k];
+    tu_set_ctx("concurrent calls: job %d (%s %s %s)", k, FNAME[j->p.fam], tu_dt_name(j->p.dt),
+               tu_layout_name(j->p.lay));
+    TU_CHECK(j->bad == 0, "[%s] %d calls failed", tu_ctx, j->bad);
+    for (int rep = 0; rep < 3; rep++) {
+      int diff = 0;
+      for (int i = 0; i < j->seq.n; i++)
+        if (memcmp(j->conc[rep].p[i], j->seq.p[i], j->seq.bytes[i]) != 0) {
+          diff++;
+          TU_CHECK(0, "[%s] %s differs from the sequential run (repetition %d)", tu_ctx,
+                   j->seq.name[i], rep);
+        }
+      if (!diff) tu_passed++;
+      free_outs(&j->conc[rep]);
+    }
+    free_outs(&j->seq);
+    free(j->p.x), free(j->p.res), free(j->p.dy), free(j->p.dsum), free(j->p.gamma);
+    free(j->p.beta), free(j->p.rm0), free(j->p.rv0);
+  }
+}
+
 int main(void) {
   const int quick = tu_quick();
   printf("test_norm_determinism: ISA %s\n", norma_isa_name(norma_get_isa()));
@@ -170,6 +243,7 @@ int main(void) {
       det_case(FAM_IN, 3, 5, 7, 5, lay, dt, NORMA_RELU, seed++); /* serial */
     }
   }
+  test_concurrent();
   printf("test_norm_determinism: %d cases of >= 32768 values (the engine uses threads there)\n",
          big_cases);
   TU_CHECK(big_cases >= 40, "only %d cases large enough for threads", big_cases);

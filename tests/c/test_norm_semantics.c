@@ -12,6 +12,8 @@
  *  - GroupNorm with groups == c equals InstanceNorm, GroupNorm with groups == 1 on [N, C, 1]
  *    equals LayerNorm over C, InstanceNorm inference with given statistics equals BatchNorm
  *    inference with them: bitwise, forward and backward;
+ *  - the backward with statistics supplied by the caller: the offset of x_hat is removed when it
+ *    is small (rounding of a stored mean), the statistics are used as given otherwise;
  *  - every allowed exact aliasing (y == x, y == residual, sum == x / residual, dx == dy,
  *    dx == x, dx == dsum, dx == y) gives bitwise the results of separate buffers, on small
  *    tensors and on tensors large enough to use threads.
@@ -339,14 +341,17 @@ static void equiv_case(int which, int64_t n, int64_t c, int64_t s, norma_layout 
 }
 
 /* InstanceNorm inference with given per-channel statistics against BatchNorm inference */
+/* InstanceNorm inference with given per-channel statistics against BatchNorm inference; with
+   eps0, eps is 0 and the last channel's var is 0: y is NaN where x == mean, +-Inf elsewhere
+   (BatchNorm's documented rule) */
 static void in_bn_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dtype dt,
-                       unsigned act, int use_ref) {
+                       unsigned act, int eps0, int use_ref) {
   const int64_t total = n * c * s;
   const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
   norma_set_use_reference(use_ref);
-  tu_set_ctx("IN inference == BN inference %s n=%lld c=%lld s=%lld %s %s act 0x%x",
+  tu_set_ctx("IN inference == BN inference %s n=%lld c=%lld s=%lld %s %s act 0x%x%s",
              mode_name(use_ref), (long long)n, (long long)c, (long long)s, tu_dt_name(dt),
-             tu_layout_name(lay), act);
+             tu_layout_name(lay), act, eps0 ? " var 0, eps 0" : "");
   tu_rng r = tu_rng_make(140 + (uint64_t)(n + c + s + dt + lay));
   void *x = tu_alloc(tb), *gamma = tu_alloc(pb), *beta = tu_alloc(pb), *mean = tu_alloc(pb),
        *var = tu_alloc(pb), *y1 = tu_poisoned(tb), *y2 = tu_poisoned(tb);
@@ -355,11 +360,30 @@ static void in_bn_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_
   tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
   tu_fill_param(dt, mean, c, &r, -1, 1);
   tu_fill_param(dt, var, c, &r, 0.2, 3);
-  norma_in_desc id = {n, c, s, lay, dt, 1e-3, act};
-  norma_bn_desc bd = {n, c, s, lay, dt, 1e-3, act};
+  const int64_t zc = c - 1, ze = tu_index(lay, c, s, n - 1, zc, s - 1);
+  if (eps0) {
+    tu_pstore(dt, var, zc, 0.0);
+    tu_pstore(dt, gamma, zc, 1.25);
+    tu_pstore(dt, mean, zc, 0.5);
+    tu_store(dt, x, ze, 0.5); /* x == mean there */
+  }
+  const double eps = eps0 ? 0.0 : 1e-3;
+  norma_in_desc id = {n, c, s, lay, dt, eps, act};
+  norma_bn_desc bd = {n, c, s, lay, dt, eps, act};
   EXPECT_OK(norma_in_forward_inference(&id, x, gamma, beta, mean, var, y1), "in_forward_inference");
   EXPECT_OK(norma_bn_forward_inference(&bd, x, NULL, gamma, beta, mean, var, y2), "bn_forward_inference");
   tn_same("y", dt, y1, y2, total);
+  if (eps0 && !act) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t sp = 0; sp < s; sp++) {
+        const int64_t e = tu_index(lay, c, s, i, zc, sp);
+        const double v = tu_load(dt, y1, e), xv = tu_load(dt, x, e);
+        bad += e == ze ? !isnan(v) : !(isinf(v) && (v > 0) == (xv > 0.5));
+      }
+    TU_CHECK(bad == 0, "[%s] var + eps == 0: %lld values are not NaN (x == mean) / +-Inf", tu_ctx,
+             (long long)bad);
+  }
   free(x), free(gamma), free(beta), free(mean), free(var), free(y1), free(y2);
   norma_set_use_reference(0);
 }
@@ -379,11 +403,92 @@ static void test_equivalences(void) {
         equiv_case(1, 5, 33, 1, lay, dt, 0, use_ref);
         equiv_case(1, 3, 4100, 1, lay, dt, 0, use_ref);
         equiv_case(1, 300, 130, 1, lay, dt, 0, use_ref); /* threads */
-        in_bn_case(2, 5, 7, lay, dt, 0, use_ref);
-        in_bn_case(3, 17, 49, lay, dt, NORMA_RELU, use_ref);
-        in_bn_case(4, 9, 1, lay, dt, 0, use_ref);
-        in_bn_case(2, 64, 600, lay, dt, t % 2 ? NORMA_RELU : 0, use_ref); /* threads */
+        in_bn_case(2, 5, 7, lay, dt, 0, 0, use_ref);
+        in_bn_case(3, 17, 49, lay, dt, NORMA_RELU, 0, use_ref);
+        in_bn_case(4, 9, 1, lay, dt, 0, 0, use_ref);
+        in_bn_case(2, 64, 600, lay, dt, t % 2 ? NORMA_RELU : 0, 0, use_ref); /* threads */
+        in_bn_case(2, 9, 33, lay, dt, 0, 1, use_ref);
+        in_bn_case(3, 4, 5, lay, dt, NORMA_RELU, 1, use_ref);
       }
+}
+
+/* ---- the backward with statistics supplied by the caller ---------------------------------------- */
+
+/* LayerNorm / GroupNorm backward given save_mean = batch mean + shift * std and
+   save_invstd = 1 / std.  The backward removes the offset s = mean(x_hat) only when |s| <= 1/16
+   (what rounding a stored mean can cause); a larger one means the statistics are the caller's
+   and they are used as given.  Expected: x_hat from the exact batch mean for shift 0.03, from
+   the given mean for shift 0.5; dx = invstd (k - mean_G(k) - x_hat mean_G(k x_hat)), k = gamma dy,
+   dgamma = sum dy x_hat, dbeta = sum dy. */
+static void given_stats_case(int gn, norma_layout lay, norma_dtype dt, double shift, int use_ref) {
+  const int64_t n = 3, c = gn ? 8 : 40, s = gn ? 11 : 1, G = gn ? 2 : 1;
+  const tn_geo g = gn ? tn_geo_gn(n, c, s, G, lay) : tn_geo_ln(n, c);
+  const int64_t total = tn_total(&g), ng = tn_ngroups(&g), cnt = tn_count(&g);
+  const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt), gb = ng * tu_psize(dt);
+  norma_set_use_reference(use_ref);
+  tu_set_ctx("given statistics %s %s %s %s shift %g std", mode_name(use_ref), gn ? "GN" : "LN",
+             tu_dt_name(dt), tu_layout_name(lay), shift);
+  tu_rng r = tu_rng_make(200 + (uint64_t)(gn * 8 + dt * 2 + lay));
+  double *mu = tu_alloc(ng * 8), *sd = tu_alloc(ng * 8);
+  for (int64_t k = 0; k < ng; k++) mu[k] = tu_uniform(&r, -2, 2), sd[k] = tu_uniform(&r, 0.5, 2);
+  void *x = tu_alloc(tb), *dy = tu_alloc(tb), *gamma = tu_alloc(pb), *beta = tu_alloc(pb);
+  tn_fill_groups(dt, &g, x, mu, sd, NULL, &r);
+  tu_fill_uniform(dt, dy, total, &r, -1, 1.2);
+  tu_fill_param(dt, gamma, c, &r, 0.5, 1.5);
+  tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
+  void *sm = tu_alloc(gb), *si = tu_alloc(gb);
+  double *edx = tu_alloc(total * 8), *edg = tu_alloc(c * 8), *edb = tu_alloc(c * 8);
+  for (int64_t j = 0; j < c; j++) edg[j] = edb[j] = 0;
+  for (int64_t k = 0; k < ng; k++) {
+    double m = 0, q = 0;
+    TN_FOR_GROUP(&g, k, e) m += tu_load(dt, x, e);
+    m /= (double)cnt;
+    TN_FOR_GROUP(&g, k, e) q += (tu_load(dt, x, e) - m) * (tu_load(dt, x, e) - m);
+    const double std = sqrt(q / (double)cnt);
+    tu_pstore(dt, sm, k, m + shift * std);
+    tu_pstore(dt, si, k, 1.0 / std);
+    const double is = tu_pload(dt, si, k);
+    /* which mean x_hat is taken from: the batch mean (small shift), or the given one */
+    const double xm = fabs(shift) <= 0.0625 ? m : tu_pload(dt, sm, k);
+    double A = 0, B = 0;
+    TN_FOR_GROUP(&g, k, e) {
+      const int64_t ch = tn_channel_of(&g, e);
+      const double xh = (tu_load(dt, x, e) - xm) * is, kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
+      A += kk, B += kk * xh;
+      edg[ch] += tu_load(dt, dy, e) * xh, edb[ch] += tu_load(dt, dy, e);
+    }
+    TN_FOR_GROUP(&g, k, e) {
+      const int64_t ch = tn_channel_of(&g, e);
+      const double xh = (tu_load(dt, x, e) - xm) * is, kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
+      edx[e] = is * (kk - A / (double)cnt - xh * B / (double)cnt);
+    }
+  }
+  void *dx = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
+  if (gn) {
+    norma_gn_desc d = {n, c, s, G, lay, dt, 1e-5, 0};
+    EXPECT_OK(norma_gn_backward(&d, x, NULL, dy, gamma, beta, sm, si, dx, dg, dbt), "gn_backward");
+  } else {
+    norma_ln_desc d = {n, c, dt, 1e-5, 0};
+    EXPECT_OK(norma_ln_backward(&d, x, dy, NULL, gamma, sm, si, dx, dg, dbt), "ln_backward");
+  }
+  const double tt = tu_tol_tensor(dt) * 4, tp = tu_tol_param(dt) * 4;
+  tu_cmp_d("dx", dt, dx, edx, total, tt, 2.0);
+  tu_cmp_d("dgamma", tu_ptype(dt), dg, edg, c, tp, (double)(n * s));
+  tu_cmp_d("dbeta", tu_ptype(dt), dbt, edb, c, tp, (double)(n * s));
+  free(mu), free(sd), free(x), free(dy), free(gamma), free(beta), free(sm), free(si), free(edx);
+  free(edg), free(edb), free(dx), free(dg), free(dbt);
+  norma_set_use_reference(0);
+}
+
+static void test_given_stats(void) {
+  for (int t = 0; t < 4; t++)
+    for (int use_ref = 0; use_ref < 2; use_ref++)
+      for (int gn = 0; gn < 2; gn++)
+        for (int l = 0; l < 1 + gn; l++) {
+          given_stats_case(gn, (norma_layout)l, TN_DTS[t], 0.03, use_ref);
+          given_stats_case(gn, (norma_layout)l, TN_DTS[t], 0.5, use_ref);
+          given_stats_case(gn, (norma_layout)l, TN_DTS[t], -2.0, use_ref);
+        }
 }
 
 /* ---- allowed exact aliasing ------------------------------------------------------------------- */
@@ -436,6 +541,16 @@ static void alias_rows(int rms, int64_t rows, int64_t d, norma_dtype dt, int use
   void *b = tu_dup(res, tb);
   EXPECT_OK(FWD(x, b, b, NULL, NULL, NULL), "forward y == residual");
   tn_same("y == residual", dt, b, ys, total);
+  /* inputs aliasing each other, the sum over both: x == residual == sum (h = 2x) */
+  {
+    void *ya = tu_poisoned(tb), *yb = tu_poisoned(tb), *sa = tu_poisoned(tb), *xx = tu_dup(x, tb);
+    void *x2 = tu_dup(x, tb);
+    EXPECT_OK(FWD(x, x2, ya, sa, NULL, NULL), "forward residual == copy of x");
+    EXPECT_OK(FWD(xx, xx, yb, xx, NULL, NULL), "forward x == residual == sum");
+    tn_same("y (x == residual == sum)", dt, yb, ya, total);
+    tn_same("sum (x == residual == sum)", dt, xx, sa, total);
+    free(ya), free(yb), free(sa), free(xx), free(x2);
+  }
   /* backward: dx == dy, dx == x, dx == dsum */
   void *dg2 = tu_poisoned(pb), *db2 = tu_poisoned(pb);
   memcpy(a, dy, tb);
@@ -450,6 +565,15 @@ static void alias_rows(int rms, int64_t rows, int64_t d, norma_dtype dt, int use
   memcpy(a, dsum, tb);
   EXPECT_OK(BWD(x, dy, a, sm, si, a, NULL, NULL), "backward dx == dsum");
   tn_same("dx == dsum", dt, a, dxs, total);
+  /* dsum == dy (inputs), dx over both */
+  {
+    void *dx3 = tu_poisoned(tb), *dyc = tu_dup(dy, tb);
+    EXPECT_OK(BWD(x, dy, dyc, sm, si, dx3, NULL, NULL), "backward dsum == copy of dy");
+    memcpy(a, dy, tb);
+    EXPECT_OK(BWD(x, a, a, sm, si, a, NULL, NULL), "backward dx == dy == dsum");
+    tn_same("dx == dy == dsum", dt, a, dx3, total);
+    free(dx3), free(dyc);
+  }
 #undef FWD
 #undef BWD
   free(mu), free(sd), free(x), free(res), free(dy), free(dsum), free(gamma), free(beta), free(y);
@@ -565,6 +689,7 @@ int main(void) {
   test_zero_var();
   test_in_running();
   test_equivalences();
+  test_given_stats();
   test_aliasing();
   return tu_finish("test_norm_semantics");
 }

@@ -500,9 +500,9 @@ int main(void) {
   if (env_isa && strcmp(env_isa, "scalar") == 0)
     TU_CHECK(norma_get_isa() == NORMA_ISA_SCALAR, "NORMA_MAX_ISA=scalar but the ISA is %s",
              norma_isa_name(norma_get_isa()));
-  small_ = quick ? 5000 : 20000;
-  mid_ = quick ? 50000 : 200000;
-  big_ = quick ? 200000 : 1000000;
+  small_ = quick ? 4000 : 20000;
+  mid_ = quick ? 30000 : 200000;
+  big_ = quick ? 120000 : 1000000;
   top_ = quick ? 1 : 2;
   nvariants[FAM_LN] = nvariants[FAM_RMS] = NROW_V;
   nvariants[FAM_GN] = NGN_V;
@@ -514,10 +514,10 @@ int main(void) {
     if (fam <= FAM_RMS) {
       run_rows(fam == FAM_RMS, quick);
     } else { /* the group norms' grid is larger (layouts, activations): a smaller budget */
-      small_ = quick ? 4000 : 20000;
-      mid_ = quick ? 20000 : 50000;
-      big_ = quick ? 60000 : 150000;
-      top_ = quick ? 1 : 3;
+      small_ = quick ? 3000 : 16000;
+      mid_ = quick ? 12000 : 40000;
+      big_ = quick ? 40000 : 110000;
+      top_ = quick ? 1 : 2;
       run_groups(fam == FAM_IN, quick);
     }
     if (timing)
