@@ -203,7 +203,7 @@ norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels
       union { float f; double d; } k;
       for (int64_t r0 = 0; r0 < rows; r0 += NORM_CF_CHUNK) {
         const int64_t n = rows - r0 < NORM_CF_CHUNK ? rows - r0 : NORM_CF_CHUNK;
-        uk->stats_run(base + (size_t)r0 * es, n, r0 == 0 ? NULL : (const void *)&k, o);
+        uk->stats_run(base + (size_t)r0 * es, n, 1, 0, r0 == 0 ? NULL : (const void *)&k, o);
         if (r0 == 0) {
           kk = o[2];
           if (dt == NORMA_F64) k.d = kk;

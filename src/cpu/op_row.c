@@ -86,7 +86,7 @@ static void group_stats(const row_ctx *rc, const char *h, int64_t len, double *m
   double t1 = 0.0, t2 = 0.0, K = 0.0, o[3];
   for (int64_t i = 0; i < len; i += NORM_CF_CHUNK) {
     const int64_t n = len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK;
-    uk->stats_run(h + (size_t)i * g->esize, n, NULL, o);
+    uk->stats_run(h + (size_t)i * g->esize, n, 1, 0, NULL, o);
     if (i == 0) {
       t1 = o[0], t2 = o[1], K = o[2];
     } else {
