@@ -4,7 +4,7 @@
 Same command line, case syntax, output and methodology as the C workers
 (tools/bench/worker_common.h):
 
-    peer_torch.py [--threads N] [--warmup W] [--reps R] [--info]
+    peer_torch.py [--threads N] [--warmup W] [--reps R] [--budget-s S] [--info]
                   [--case 'OP LAYOUT DTYPE DIMS [key=value]...']... [--stdin]
 
 prints one JSON line per case: {"type": "result", "lib": "torch", "op": ..., "status": "ok",
@@ -147,19 +147,31 @@ def tensor(shape, layout, dt, gen, lo=-1.0, hi=1.0):
     return t.clone(memory_format=torch.preserve_format)  # its own, exactly-sized storage
 
 
+BUDGET_MS = 0.0  # --budget-s, as the C workers: warm-ups stop after a quarter, timed runs after it
+
+
 def timeit(fn, warmup, reps):
+    """-> min, median, max (ms), timed runs, warm-ups run."""
+    spent, warm = 0.0, 0
     for _ in range(warmup):
+        t0 = time.perf_counter_ns()
         fn()
+        spent += (time.perf_counter_ns() - t0) * 1e-6
+        warm += 1
+        if BUDGET_MS > 0 and spent > 0.25 * BUDGET_MS:
+            break
     ms = []
     for _ in range(max(reps, 1)):
         t0 = time.perf_counter_ns()
         fn()
         t1 = time.perf_counter_ns()
         ms.append((t1 - t0) * 1e-6)
+        if BUDGET_MS > 0 and sum(ms) > BUDGET_MS:
+            break
     ms.sort()
     n = len(ms)
     med = ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2])
-    return ms[0], med, ms[-1], n
+    return ms[0], med, ms[-1], n, warm
 
 
 def build(op, layout, dtype, shape, pdt):
@@ -297,14 +309,14 @@ def run_case(text, warmup, reps):
         except (RuntimeError, TypeError) as e:
             errors.append(str(e).splitlines()[0][:200])
             continue
-        mn, med, mx, n = timeit(fn, warmup, reps)
+        mn, med, mx, n, warm = timeit(fn, warmup, reps)
         if dtype != "f32":
             impl += " (params %s)" % ("f32" if pdt == torch.float32 else dtype)
         if op.startswith("add_relu"):
             impl += " unfused bn+add_+relu_" if not op.endswith("bwd") else " threshold_backward+bn_bwd"
         elif op.startswith("relu"):
             impl += " unfused bn+relu_" if not op.endswith("bwd") else " threshold_backward+bn_bwd"
-        out.update(status="ok", min_ms=mn, median_ms=med, max_ms=mx, reps=n, warmup=warmup,
+        out.update(status="ok", min_ms=mn, median_ms=med, max_ms=mx, reps=n, warmup=warm,
                    impl=impl)
         return out
     out.update(status="n/a", reason="PyTorch rejects this case: " + " | ".join(errors))
@@ -316,10 +328,13 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=0.0)
     ap.add_argument("--info", action="store_true")
     ap.add_argument("--case", action="append", default=[])
     ap.add_argument("--stdin", action="store_true")
     a = ap.parse_args()
+    global BUDGET_MS
+    BUDGET_MS = 1e3 * a.budget_s
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)

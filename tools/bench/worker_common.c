@@ -276,15 +276,29 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Time budget of one case (--budget-s; 0: none): warm-ups stop once they have taken a quarter
+   of it (at least one runs), timed runs once they have taken all of it (at least one runs),
+   so that a pathologically slow case does not hold the benchmark for minutes.  The result
+   says how many runs were made. */
+static double g_budget_ms = 0.0;
+
 int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t, char *err,
                size_t errlen) {
+  double spent = 0.0;
+  int warm = 0;
   for (int i = 0; i < warmup; ++i) {
+    double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
+    spent += now_ms() - t0;
     if (rc) return rc;
+    ++warm;
+    if (g_budget_ms > 0.0 && spent > 0.25 * g_budget_ms) break;
   }
   if (reps < 1) reps = 1;
   double *ms = (double *)malloc(sizeof(double) * (size_t)reps);
   if (!ms) return set_err(err, errlen, "out of memory");
+  int done = 0;
+  spent = 0.0;
   for (int i = 0; i < reps; ++i) {
     double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
@@ -293,14 +307,16 @@ int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t
       free(ms);
       return rc;
     }
-    ms[i] = t1 - t0;
+    ms[done++] = t1 - t0;
+    spent += t1 - t0;
+    if (g_budget_ms > 0.0 && spent > g_budget_ms) break;
   }
-  qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+  qsort(ms, (size_t)done, sizeof(double), cmp_double);
   t->min_ms = ms[0];
-  t->max_ms = ms[reps - 1];
-  t->median_ms = (reps % 2) ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
-  t->reps = reps;
-  t->warmup = warmup;
+  t->max_ms = ms[done - 1];
+  t->median_ms = (done % 2) ? ms[done / 2] : 0.5 * (ms[done / 2 - 1] + ms[done / 2]);
+  t->reps = done;
+  t->warmup = warm;
   free(ms);
   return 0;
 }
@@ -383,7 +399,8 @@ static void run_one(const bench_worker *w, const char *text, int warmup, int rep
 
 static void usage(FILE *f, const char *argv0) {
   fprintf(f,
-          "usage: %s [--threads N] [--warmup W] [--reps R] [--max-isa ISA] [--info]\n"
+          "usage: %s [--threads N] [--warmup W] [--reps R] [--budget-s S] [--max-isa ISA]\n"
+          "          [--info]\n"
           "          [--probe [--probe-mb MB] [--probe-passes P]]\n"
           "          [--case 'OP LAYOUT DTYPE DIMS [key=value]...']... [--stdin]\n"
           "A norma-bench worker: prints one JSON line per case (see tools/norma-bench).\n"
@@ -393,6 +410,8 @@ static void usage(FILE *f, const char *argv0) {
           "  LAYOUT  nchw nhwc nc rows      DTYPE f32 bf16 f16\n"
           "  keys    groups=G (GroupNorm, default 32), reps=R, warmup=W (this case)\n"
           "  --max-isa caps the library's instruction set (norma: scalar, avx2, avx512)\n"
+          "  --budget-s: a case's warm-ups stop after S/4 seconds, its timed runs after S\n"
+          "          (at least one of each; 0: no limit)\n"
           "  --stdin reads one case per line from stdin until EOF or 'quit'.\n",
           argv0);
 }
@@ -407,7 +426,7 @@ static int parse_int(const char *s, int lo, int *out) {
 
 int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   int threads = 0, warmup = 3, reps = 10, info = 0, probe = 0, use_stdin = 0;
-  int probe_mb = 256, probe_passes = 5;
+  int probe_mb = 256, probe_passes = 5, budget_s = 0;
   const char *max_isa = NULL;
   /* first pass: options; cases run after in order */
   for (int i = 1; i < argc; ++i) {
@@ -419,6 +438,7 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
     else if (strcmp(a, "--reps") == 0) { target = &reps; lo = 1; }
     else if (strcmp(a, "--probe-mb") == 0) { target = &probe_mb; lo = 1; }
     else if (strcmp(a, "--probe-passes") == 0) { target = &probe_passes; lo = 1; }
+    else if (strcmp(a, "--budget-s") == 0) { target = &budget_s; lo = 0; }
     else if (strcmp(a, "--info") == 0) { info = 1; continue; }
     else if (strcmp(a, "--probe") == 0) { probe = 1; continue; }
     else if (strcmp(a, "--stdin") == 0) { use_stdin = 1; continue; }
@@ -449,6 +469,7 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
     ++i;
   }
   if (threads > 0) w->set_threads(threads);
+  g_budget_ms = 1e3 * budget_s;
   if (max_isa) {
     char err[256] = "";
     if (w->set_max_isa(max_isa, err, sizeof err)) {

@@ -77,7 +77,8 @@ typedef struct bench_timing {
 typedef int (*bench_run_fn)(void *ctx, char *err, size_t errlen);
 
 /* Runs fn `warmup` times untimed, then `reps` times timed; fills t. Returns 0, or the first
-   non-zero return of fn (err then holds its message). */
+   non-zero return of fn (err then holds its message).  With the worker's --budget-s, fewer
+   runs when they take too long (t->reps, t->warmup say how many ran). */
 int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t, char *err,
                size_t errlen);
 
