@@ -246,6 +246,11 @@ static void unit_stats_groups_cf(norm_job *jb, norm_unit *u) {
 
 /* merges the per-channel statistics of each group of the unit into the group's first channel,
    in channel order (per-sample norms with cpg > 1) */
+void norm_unit_absorb(const norm_job *jb, norm_unit *u, int64_t dst, int64_t src, double cnt) {
+  const double t[3] = {u->tot[src], u->tot[u->ts + src], u->tot[2 * u->ts + src]};
+  absorb(jb, u->tot, u->ts, dst, 0, t, 1, cnt);
+}
+
 static void unit_merge_groups(norm_job *jb, norm_unit *u, double cnt_per_channel) {
   const int64_t cpg = jb->g->cpg;
   for (int64_t j = 0; j < u->nc; j += cpg)
@@ -653,6 +658,7 @@ void norm_plan_job(norm_job *jb) {
   } else {
     jb->fused = jb->nsums && plan_bn(jb);
     if (jb->nsums && forced_schedule() >= 0) jb->fused = forced_schedule();
+    if (jb->split) jb->fused = 0;
     if (!jb->fused) jb->unit = g->c;
   }
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
