@@ -13,7 +13,11 @@
  *    array, no running statistic, no accumulator.  norma_last_error() then returns a message
  *    that names the offending argument and its value.
  *  - Tensor arguments are dense, in the layout and dtype of the descriptor.  A tensor has
- *    n * c * spatial elements.
+ *    n * c * spatial elements, and at most NORMA_MAX_TENSOR_BYTES bytes: a descriptor whose
+ *    tensor would be larger (or whose size products overflow int64) is rejected with
+ *    NORMA_ERR_INVALID_ARGUMENT before any product is formed.  Counts (n * spatial, the
+ *    moments' counts) are int64_t; a merge or accumulation whose count would exceed INT64_MAX
+ *    is rejected the same way.
  *  - Per-channel arrays (gamma, beta, mean, var, save_mean, save_invstd, running_mean,
  *    running_var, dgamma, dbeta) have c elements of type double when dtype == NORMA_F64 and
  *    float otherwise.  Arrays of the split API are always double.
@@ -49,6 +53,11 @@ extern "C" {
 #define NORMA_VERSION_MAJOR 0
 #define NORMA_VERSION_MINOR 1
 #define NORMA_VERSION_PATCH 0
+
+/* The largest tensor a descriptor may describe, in bytes: 2^48 (256 TiB, the user address
+   space of x86-64 with 4-level paging).  A bound on sizes keeps every size product inside
+   the library (sizes times strides, block counts, byte counts) far from int64 overflow. */
+#define NORMA_MAX_TENSOR_BYTES ((int64_t)1 << 48)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status, errors, version, threads                                                           */

@@ -431,15 +431,22 @@ static void run_split(job *jb, double *part) {
    it stays fused (the apply then reads again from memory); channels-last with too many rows
    for even one cache line of channels takes the split schedule, whose two passes stream
    whole rows. */
+/* a * b for the planning decisions, saturated at INT64_MAX (sizes are positive): the
+   comparisons below stay right for any size the checks let through */
+static int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 static int plan_fused(job *jb) {
   const bn_problem *p = jb->p;
   if (!jb->rows_form) {
     /* channels per unit: enough for 8 KiB contiguous per image, within the L2 share */
     const int64_t budget = norma__l2_bytes() / 2;
     const int64_t tensors = jb->nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
-    const int64_t run = p->s * (int64_t)p->esize, slab = p->n * run * tensors;
+    const int64_t run = mul_sat(p->s, (int64_t)p->esize), slab = mul_sat(mul_sat(p->n, run), tensors);
     int64_t w = (8192 + run - 1) / run;
-    if (w * slab > budget) w = budget / slab;
+    if (mul_sat(w, slab) > budget) w = budget / slab;
     if (w < 1) w = 1;
     if (w > MAX_UNIT) w = MAX_UNIT;
     if (w > p->c) w = p->c;
@@ -449,7 +456,8 @@ static int plan_fused(job *jb) {
   }
   const int64_t budget = norma__l2_bytes() / 2;
   const int64_t tensors = jb->nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
-  const int64_t line = rows_line(jb), per_channel = jb->rows * (int64_t)p->esize * tensors;
+  const int64_t line = rows_line(jb),
+                per_channel = mul_sat(mul_sat(jb->rows, (int64_t)p->esize), tensors);
   int64_t w;
   if (p->c <= line) {
     w = p->c;
@@ -464,7 +472,7 @@ static int plan_fused(job *jb) {
   /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
      short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
      whole rows or pieces of at least 2 KiB */
-  if ((w < p->c && w * (int64_t)p->esize < 2048) || w * per_channel > budget) return 0;
+  if ((w < p->c && w * (int64_t)p->esize < 2048) || mul_sat(w, per_channel) > budget) return 0;
   return use_fused(jb, (p->c + w - 1) / w);
 }
 
@@ -538,7 +546,8 @@ void bn_cpu_query_plan(const bn_problem *p, int op, norma_bn_plan *out) {
     out->dram_passes = 2;
   } else {
     const int64_t tensors = jb.nsums == SUMS_BWD ? (p->act != BN_ACT_NONE ? 3 : 2) : 1;
-    const int64_t unit_bytes = jb.unit * p->m * (int64_t)p->esize * tensors;
+    const int64_t unit_bytes =
+        mul_sat(mul_sat(mul_sat(jb.unit, p->m), (int64_t)p->esize), tensors);
     out->dram_passes = unit_bytes <= norma__l2_bytes() / 2 ? 1 : 2;
   }
 }
