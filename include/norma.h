@@ -21,17 +21,25 @@
  *  - Per-channel arrays (gamma, beta, mean, var, save_mean, save_invstd, running_mean,
  *    running_var, dgamma, dbeta) have c elements of type double when dtype == NORMA_F64 and
  *    float otherwise.  Arrays of the split API are always double.
- *  - In-place use is supported where one output exactly aliases one input of the same size
- *    (y == x, y == residual, dx == dy, dx == x, dx == y, dresidual == dy).  Any other overlap
- *    between an output and another argument is rejected with NORMA_ERR_INVALID_ARGUMENT.
+ *  - In-place use is supported where an output tensor exactly aliases an input tensor of the
+ *    same size (same address, same size): y == x, y == residual; dx == dy, dx == x, dx == y;
+ *    dresidual == dy, dresidual == x, dresidual == y (every element's inputs are read before
+ *    its outputs are written, so the results are those of separate buffers, bit for bit).
+ *    Any other overlap between an output and another argument (two outputs, a partial
+ *    overlap, a per-channel output inside a tensor, ...) is rejected with
+ *    NORMA_ERR_INVALID_ARGUMENT, by every function, the split API included.
  *  - Results are bitwise identical for every thread count (norma_set_num_threads) on the same
  *    instruction-set path.
  *  - Flags that do not apply to a call are ignored, so one descriptor can serve the forward and
  *    the backward of a layer.  Unknown flag bits are rejected.
  *
  * Thread safety: all functions may be called concurrently from several threads on disjoint
- * outputs.  norma_set_num_threads / norma_set_max_isa / norma_set_use_reference are global
- * settings: change them while no other call is running.
+ * outputs.  The global settings (norma_set_num_threads, norma_set_max_isa,
+ * norma_set_use_reference) are atomic: they may be changed from any thread at any time, also
+ * while other calls run.  norma_set_num_threads is read once per call; a call running while
+ * it changes uses the old or the new count, and its results are the same bits either way.  A
+ * call running while the ISA cap or the reference switch changes may run either path (their
+ * results differ in the last bits): change those while no call runs when bits matter.
  */
 #ifndef NORMA_H
 #define NORMA_H
@@ -230,8 +238,8 @@ NORMA_API norma_status norma_bn_forward_inference(const norma_bn_desc *d,
  * save_mean, save_invstd [c] required: those written by norma_bn_forward_training, or
  *              the constants of a frozen layer with GLOBAL_STATS.
  * dx           [tensor] required; may alias dy, x or y.
- * dresidual    [tensor] with ADD_RELU: receives g; may be NULL; may alias dy.  Ignored
- *              without ADD_RELU.
+ * dresidual    [tensor] with ADD_RELU: receives g; may be NULL; may alias dy, x or y (the
+ *              results are those of a separate buffer; not dx).  Ignored without ADD_RELU.
  * dgamma, dbeta [c] may be NULL when not wanted.
  *
  * Flags used: RELU, ADD_RELU, GLOBAL_STATS, CHECK_FINITE (x, y, dy, gamma, beta, save_*).

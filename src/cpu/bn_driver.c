@@ -425,12 +425,6 @@ static void run_split(job *jb, double *part) {
   else parallel_for(jb, jb->rows, split_apply_rows, NULL);
 }
 
-/* Chooses the schedule.  The fused one reads the tensor once from memory when a unit (a
-   channel's slab, or a block of channels over all rows) stays in the L2 share of its thread
-   between the reduction and the apply.  Channels-first has no smaller unit than a channel, so
-   it stays fused (the apply then reads again from memory); channels-last with too many rows
-   for even one cache line of channels takes the split schedule, whose two passes stream
-   whole rows. */
 /* a * b for the planning decisions, saturated at INT64_MAX (sizes are positive): the
    comparisons below stay right for any size the checks let through */
 static int64_t mul_sat(int64_t a, int64_t b) {
@@ -438,6 +432,12 @@ static int64_t mul_sat(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
+/* Chooses the schedule.  The fused one reads the tensor once from memory when a unit (a
+   channel's slab, or a block of channels over all rows) stays in the L2 share of its thread
+   between the reduction and the apply.  Channels-first has no smaller unit than a channel, so
+   it stays fused (the apply then reads again from memory); channels-last with too many rows
+   for even one cache line of channels takes the split schedule, whose two passes stream
+   whole rows. */
 static int plan_fused(job *jb) {
   const bn_problem *p = jb->p;
   if (!jb->rows_form) {
