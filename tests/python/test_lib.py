@@ -22,8 +22,27 @@ def _header_functions():
     return sorted(set(re.findall(r"NORMA_API\s+[^;(]*?\b(norma_\w+)\s*\(", text)))
 
 
+# Declared in norma.h ahead of their implementation (the norm family and the count-weighted
+# running statistics).  Each must stay unexported while it is listed here: when one lands in
+# libnorma, this test fails until it is removed from the list and declared in _lib.PROTOTYPES.
+PENDING = {
+    "norma_bn_forward_training_counted", "norma_bn_running_update",
+    "norma_gn_backward", "norma_gn_forward", "norma_in_backward", "norma_in_forward_inference",
+    "norma_in_forward_training", "norma_ln_backward", "norma_ln_forward", "norma_rms_backward",
+    "norma_rms_forward",
+}
+
+
+def test_pending_declarations_are_not_exported_yet():
+    L = _lib.lib()
+    for n in sorted(PENDING):
+        assert n in _header_functions(), n
+        assert n in _lib.PROTOTYPES or not hasattr(L, n), (
+            "%s is exported now: remove it from PENDING and declare it in _lib.PROTOTYPES" % n)
+
+
 def test_every_header_function_is_declared_and_exported():
-    names = _header_functions()
+    names = [n for n in _header_functions() if n not in PENDING or n in _lib.PROTOTYPES]
     assert len(names) >= 20, names
     assert set(names) == set(_lib.PROTOTYPES), (
         "declared in norma.h but not in _lib.PROTOTYPES: %s; in PROTOTYPES but not in the "
