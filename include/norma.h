@@ -322,8 +322,8 @@ NORMA_API norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op o
 
 /* scale = gamma / sqrt(var + eps), shift = beta - mean * scale (computed in double);
    gamma/beta NULL mean 1 and 0.  mean, var, scale, shift: [c], required.  scale/shift may alias
-   an input exactly (not each other, no partial overlap).  c >= 1, eps >= 0.  var + eps must be
-   > 0 in every channel. */
+   an input exactly (not each other, no partial overlap).  c >= 1 (c * 4 bytes at most
+   NORMA_MAX_TENSOR_BYTES), eps >= 0.  var + eps must be > 0 in every channel. */
 NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float *beta,
     const float *mean, const float *var, double eps, float *scale, float *shift);
 
@@ -331,7 +331,8 @@ NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float 
    layout with the output channel outermost: OIHW, OI), bias is [c_out]; both updated in place:
      weight[o][k] *= scale[o];  bias[o] = (bias[o] - mean[o]) * scale[o] + beta[o].
    bias is required (a producer without bias gets one: pass an array of zeros).
-   c_out, per_out >= 1; var + eps must be > 0 in every channel. */
+   c_out, per_out >= 1 (weight at most NORMA_MAX_TENSOR_BYTES); var + eps must be > 0 in every
+   channel. */
 NORMA_API norma_status norma_bn_fold_into_weights(int64_t c_out, int64_t per_out, float *weight,
     float *bias, const float *gamma, const float *beta, const float *mean, const float *var,
     double eps);
