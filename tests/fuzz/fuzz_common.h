@@ -297,7 +297,7 @@ static FZ_UNUSED int fz_setup(fz *r, fz_case *k, fz_arg *a, int na, norma_dtype 
     off += (a[i].bytes + 63) / 64 * 64 + 64; /* a guard gap between regions */
     if (a[i].bytes > maxb) maxb = a[i].bytes;
   }
-  k->arena_bytes = off + maxb + 64; /* slack: an aliased pointer stays inside the arena */
+  k->arena_bytes = off + (maxb + 63) / 64 * 64 + 64; /* slack: an aliased pointer stays inside */
   k->arena = malloc(k->arena_bytes);
   k->snap = malloc(k->arena_bytes);
   if (!k->arena || !k->snap) abort();
