@@ -27,6 +27,9 @@ cmake -S . -B build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS=-Werror \
 cmake --build build-clang -j"$JOBS"
 NORMA_TEST_QUICK=1 ctest --test-dir build-clang --output-on-failure -j2
 
+echo "== fuzz targets, briefly (libFuzzer, clang; scripts/fuzz.sh runs them longer)"
+NORMA_FUZZ_JOBS=2 bash scripts/fuzz.sh 6
+
 echo "== Python tests (pytest, against PyTorch)"
 NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q
 

@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* optional, as under libFuzzer (the MPI targets initialize MPI there) */
+__attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 static long g_inputs;
 
@@ -74,6 +76,7 @@ static void run_path(const char *path) {
 }
 
 int main(int argc, char **argv) {
+  if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
   for (int i = 1; i < argc; i++) run_path(argv[i]);
   printf("replay: %ld inputs\n", g_inputs);
   return g_inputs > 0 ? 0 : 1;
