@@ -5,8 +5,8 @@
 #   bash scripts/fuzz.sh [seconds-per-target] [target...]     default: 60 s, every target
 #   NORMA_FUZZ_JOBS=2     run two targets at once (one per core)
 #   NORMA_FUZZ_BUILD=dir  build directory (default build-fuzz)
-#   bash scripts/fuzz.sh --merge    fold the finds of earlier runs into the seed corpora
-#                                   (tests/fuzz/corpus, minimized with -merge=1)
+#   bash scripts/fuzz.sh --merge [target...]   fold the finds of earlier runs into the seed
+#                                   corpora (tests/fuzz/corpus, minimized with -merge=1)
 #
 # New inputs go to <build>/corpus/<target> (the seeds in tests/fuzz/corpus are read, not
 # written); a crash leaves its input in <build>/artifacts/ and makes the script fail.  A summary
@@ -15,9 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${NORMA_FUZZ_BUILD:-build-fuzz}
 MERGE=0
-if [ "${1:-}" = "--merge" ]; then MERGE=1; shift; fi
-SECS=${1:-60}
-[ $# -gt 0 ] && shift
+SECS=60
+if [ "${1:-}" = "--merge" ]; then
+  MERGE=1; shift
+elif [ $# -gt 0 ]; then
+  SECS=$1; shift
+fi
 JOBS=${NORMA_FUZZ_JOBS:-1}
 
 cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER=clang -DNORMA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -29,11 +32,7 @@ for t in ${@:-$ALL}; do
   [ -f "tests/fuzz/fuzz_$t.c" ] && TARGETS+=("$t")
 done
 BINS=()
-for t in "${TARGETS[@]}"; do
-  if grep -q "fuzz_$t:" "$BUILD/Makefile" 2>/dev/null || [ "$t" != "${t#mpi_}" ] || true; then
-    BINS+=("fuzz_$t")
-  fi
-done
+for t in "${TARGETS[@]}"; do BINS+=("fuzz_$t"); done
 cmake --build "$BUILD" -j2 --target "${BINS[@]}" >/dev/null 2>"$BUILD/build.log" || {
   cat "$BUILD/build.log"; exit 1; }
 mkdir -p "$BUILD/artifacts" "$BUILD/logs"
