@@ -710,7 +710,7 @@ static void parse(int argc, char **argv, options *o) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--shape") && v) {
-      long long n, k, c;
+      long long n = 0, k = 0, c = 0; /* usage() exits; clang cannot tell */
       if (o->nshapes == 32 || sscanf(v, "%lld,%lld,%lld", &n, &k, &c) != 3 || n < 2 || k < 1 ||
           c < 1)
         usage();

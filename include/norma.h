@@ -6,28 +6,42 @@
  * dbeta), in f32 / f64 / f16 / bf16 storage with f32-or-wider math, channels-first
  * ([N, C, spatial...]) and channels-last ([N, spatial..., C]) layouts, fused with ReLU or
  * residual-add + ReLU.  A split "statistics / apply" API lets a producer (a GEMM, a
- * convolution) or a distributed runtime own the reduction.
+ * convolution) or a distributed runtime own the reduction.  The rest of the family with the
+ * same conventions: LayerNorm and RMSNorm (with the fused residual add of pre-norm
+ * transformers), GroupNorm (with fused SiLU / ReLU) and InstanceNorm (section at the end).
  *
  * Conventions that hold for every function below:
  *  - Every function returns a norma_status.  On any error nothing has been written: no output
  *    array, no running statistic, no accumulator.  norma_last_error() then returns a message
  *    that names the offending argument and its value.
  *  - Tensor arguments are dense, in the layout and dtype of the descriptor.  A tensor has
- *    n * c * spatial elements.
+ *    n * c * spatial elements, and at most NORMA_MAX_TENSOR_BYTES bytes: a descriptor whose
+ *    tensor would be larger (or whose size products overflow int64) is rejected with
+ *    NORMA_ERR_INVALID_ARGUMENT before any product is formed.  Counts (n * spatial, the
+ *    moments' counts) are int64_t; a merge or accumulation whose count would exceed INT64_MAX
+ *    is rejected the same way.
  *  - Per-channel arrays (gamma, beta, mean, var, save_mean, save_invstd, running_mean,
  *    running_var, dgamma, dbeta) have c elements of type double when dtype == NORMA_F64 and
  *    float otherwise.  Arrays of the split API are always double.
- *  - In-place use is supported where one output exactly aliases one input of the same size
- *    (y == x, y == residual, dx == dy, dx == x, dx == y, dresidual == dy).  Any other overlap
- *    between an output and another argument is rejected with NORMA_ERR_INVALID_ARGUMENT.
+ *  - In-place use is supported where an output tensor exactly aliases an input tensor of the
+ *    same size (same address, same size): y == x, y == residual; dx == dy, dx == x, dx == y;
+ *    dresidual == dy, dresidual == x, dresidual == y (every element's inputs are read before
+ *    its outputs are written, so the results are those of separate buffers, bit for bit).
+ *    Any other overlap between an output and another argument (two outputs, a partial
+ *    overlap, a per-channel output inside a tensor, ...) is rejected with
+ *    NORMA_ERR_INVALID_ARGUMENT, by every function, the split API included.
  *  - Results are bitwise identical for every thread count (norma_set_num_threads) on the same
  *    instruction-set path.
  *  - Flags that do not apply to a call are ignored, so one descriptor can serve the forward and
  *    the backward of a layer.  Unknown flag bits are rejected.
  *
  * Thread safety: all functions may be called concurrently from several threads on disjoint
- * outputs.  norma_set_num_threads / norma_set_max_isa / norma_set_use_reference are global
- * settings: change them while no other call is running.
+ * outputs.  The global settings (norma_set_num_threads, norma_set_max_isa,
+ * norma_set_use_reference) are atomic: they may be changed from any thread at any time, also
+ * while other calls run.  norma_set_num_threads is read once per call; a call running while
+ * it changes uses the old or the new count, and its results are the same bits either way.  A
+ * call running while the ISA cap or the reference switch changes may run either path (their
+ * results differ in the last bits): change those while no call runs when bits matter.
  */
 #ifndef NORMA_H
 #define NORMA_H
@@ -49,6 +63,11 @@ extern "C" {
 #define NORMA_VERSION_MAJOR 0
 #define NORMA_VERSION_MINOR 1
 #define NORMA_VERSION_PATCH 0
+
+/* The largest tensor a descriptor may describe, in bytes: 2^48 (256 TiB, the user address
+   space of x86-64 with 4-level paging).  A bound on sizes keeps every size product inside
+   the library (sizes times strides, block counts, byte counts) far from int64 overflow. */
+#define NORMA_MAX_TENSOR_BYTES ((int64_t)1 << 48)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status, errors, version, threads                                                           */
@@ -224,8 +243,8 @@ NORMA_API norma_status norma_bn_forward_inference(const norma_bn_desc *d,
  * save_mean, save_invstd [c] required: those written by norma_bn_forward_training, or
  *              the constants of a frozen layer with GLOBAL_STATS.
  * dx           [tensor] required; may alias dy, x or y.
- * dresidual    [tensor] with ADD_RELU: receives g; may be NULL; may alias dy.  Ignored
- *              without ADD_RELU.
+ * dresidual    [tensor] with ADD_RELU: receives g; may be NULL; may alias dy, x or y (the
+ *              results are those of a separate buffer; not dx).  Ignored without ADD_RELU.
  * dgamma, dbeta [c] may be NULL when not wanted.
  *
  * Flags used: RELU, ADD_RELU, GLOBAL_STATS, CHECK_FINITE (x, y, dy, gamma, beta, save_*).
@@ -308,8 +327,8 @@ NORMA_API norma_status norma_bn_query_plan(const norma_bn_desc *d, norma_bn_op o
 
 /* scale = gamma / sqrt(var + eps), shift = beta - mean * scale (computed in double);
    gamma/beta NULL mean 1 and 0.  mean, var, scale, shift: [c], required.  scale/shift may alias
-   an input exactly (not each other, no partial overlap).  c >= 1, eps >= 0.  var + eps must be
-   > 0 in every channel. */
+   an input exactly (not each other, no partial overlap).  c >= 1 (c * 4 bytes at most
+   NORMA_MAX_TENSOR_BYTES), eps >= 0.  var + eps must be > 0 in every channel. */
 NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float *beta,
     const float *mean, const float *var, double eps, float *scale, float *shift);
 
@@ -317,7 +336,8 @@ NORMA_API norma_status norma_bn_fold(int64_t c, const float *gamma, const float 
    layout with the output channel outermost: OIHW, OI), bias is [c_out]; both updated in place:
      weight[o][k] *= scale[o];  bias[o] = (bias[o] - mean[o]) * scale[o] + beta[o].
    bias is required (a producer without bias gets one: pass an array of zeros).
-   c_out, per_out >= 1; var + eps must be > 0 in every channel. */
+   c_out, per_out >= 1 (weight at most NORMA_MAX_TENSOR_BYTES); var + eps must be > 0 in every
+   channel. */
 NORMA_API norma_status norma_bn_fold_into_weights(int64_t c_out, int64_t per_out, float *weight,
     float *bias, const float *gamma, const float *beta, const float *mean, const float *var,
     double eps);

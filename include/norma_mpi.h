@@ -10,33 +10,41 @@
  *
  * Built on the split API of norma.h (norma_bn_moments, norma_bn_stats_from_moments,
  * norma_bn_forward_apply, norma_bn_backward_reduce, norma_bn_backward_apply,
- * norma_bn_param_grads) plus exactly one MPI collective per call; see docs/distributed.md.
+ * norma_bn_param_grads) plus one MPI collective per call (two when c > 512 forward, 341
+ * backward); see docs/distributed.md.
  *
  * Conventions, on top of those of norma.h:
  *  - Collective: every rank of comm must call, in the same order as its other collectives on
- *    comm, with the same d->c, d->dtype (its parameter type: double for NORMA_F64, float
- *    otherwise), d->eps (forward), NORMA_BN_BIASED_RUNNING_VAR (forward) and
- *    NORMA_BN_GLOBAL_STATS (backward), and should pass the same momentum.  d->n, d->layout,
- *    the activation flags and which optional pointers are NULL may differ between ranks.  A
- *    difference in eps, dtype class or those flags is detected and rejected on every rank with
- *    NORMA_ERR_INVALID_ARGUMENT.  d->c sizes the message, so it cannot be checked: ranks that
- *    disagree on it, or a rank that passes d == NULL, make an erroneous MPI program (it may
- *    hang), as any collective called with mismatched counts does.
+ *    comm, with the same d->c, d->dtype, d->layout, d->flags and d->eps, and should pass the
+ *    same momentum.  d->n (and d->spatial) and which optional pointers are NULL may differ
+ *    between ranks.  The layout of a rank whose tensor has the same bytes in both layouts
+ *    (n == 0, spatial == 1 or c == 1) matches either.  Every rank sends a fingerprint of its
+ *    descriptor (those fields, and the direction) in the header of the exchange, so a
+ *    difference in any of them, d->c included, fails every rank with
+ *    NORMA_ERR_INVALID_ARGUMENT, naming the first rank that differs and the fields
+ *    ("the descriptor of rank 1 differs from that of rank 0 in d->c").
+ *  - The first message of a call has a fixed size (a header and the first 512 channels
+ *    forward, 341 backward), whatever the descriptor says, so it completes on every rank even
+ *    when the ranks disagree on d->c or a rank's d is NULL.  Only when every rank agreed and c
+ *    is larger does a second message follow, for the remaining channels; its size is then the
+ *    same everywhere.  One collective per call for c up to 512 (forward) / 341 (backward), two
+ *    beyond.
  *  - d->n may be 0 on some ranks (an empty local batch).  Such a rank still takes part; its
  *    tensor pointers (x, residual, y, dy, dx, dresidual) may then be NULL.  The check that a
  *    training batch has at least 2 values per channel applies to the global batch:
  *    sum over ranks of n * spatial >= 2.
  *  - Errors are collective too.  Each rank checks all its arguments before the exchange and
- *    sends its status in the same message as its statistics, so that an error found on any
- *    rank makes every rank return an error (nothing written anywhere) instead of leaving the
- *    others blocked.  A rank whose own arguments failed returns its own status and message;
- *    the others return the status of the lowest-numbered failing rank, with a message naming
- *    it.  Exceptions, which are local: NORMA_ERR_COMMUNICATION (MPI itself failed on this
- *    rank: the other ranks see what their MPI reports; one collective cannot also agree on
- *    its own outcome), NORMA_ERR_OUT_OF_MEMORY when this rank cannot allocate its exchange
- *    buffers (it cannot take part: the others may hang) or when norma runs out of memory
- *    after the exchange (the others may have completed), and a rank whose d is NULL or
- *    whose d->c is out of range (see above).
+ *    sends its status in the header of the first message, so that an error found on any rank
+ *    makes every rank return the same status (nothing written anywhere) instead of leaving the
+ *    others blocked: the status of the lowest-numbered failing rank.  That rank's
+ *    norma_mpi_last_error() has its own message; the others name it ("rank 2 of 4 failed").
+ *    A NULL d or a d->c out of range is such an error too.  Exceptions, which are local:
+ *    NORMA_ERR_COMMUNICATION (MPI itself failed on this rank: the other ranks see what their
+ *    MPI reports; one collective cannot also agree on its own outcome), MPI not initialized, a
+ *    comm that is MPI_COMM_NULL or an intercommunicator (this rank cannot take part),
+ *    NORMA_ERR_OUT_OF_MEMORY when this rank cannot allocate its exchange buffers (it cannot
+ *    take part: the others may hang) or when norma runs out of memory after the exchange (the
+ *    others may have completed), and a NORMA_MPI_EXCHANGE that differs between ranks.
  *  - MPI errors never abort: the calls work on a private duplicate of comm (made by the first
  *    call on comm, a collective; cached on comm as an attribute and freed with it) whose error
  *    handler is MPI_ERRORS_RETURN.  comm itself is not changed.
@@ -90,8 +98,8 @@ extern "C" {
  * Flags used: RELU, ADD_RELU (not both), BIASED_RUNNING_VAR, CHECK_FINITE (x, residual, gamma,
  * beta, running statistics of this rank).
  *
- * Errors: NORMA_ERR_INVALID_ARGUMENT (also: global n * spatial < 2; eps, dtype class or
- * BIASED_RUNNING_VAR differ between ranks; another rank's arguments were rejected),
+ * Errors: NORMA_ERR_INVALID_ARGUMENT (also: global n * spatial < 2; the descriptors differ
+ * between ranks; another rank's arguments were rejected),
  * NORMA_ERR_NONFINITE, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_COMMUNICATION (MPI not initialized
  * or already finalized, or an MPI call failed).
  */
@@ -148,14 +156,14 @@ NORMA_API norma_status norma_bn_forward_training_counted_mpi(MPI_Comm comm,
  * save_mean, save_invstd [c] required: those written by norma_bn_forward_training_mpi (the
  *              same on every rank), or the constants of a frozen layer with GLOBAL_STATS.
  * dx           [local tensor] required when d->n > 0; may alias dy, x or y.
- * dresidual    [local tensor] with ADD_RELU: receives g; may be NULL; may alias dy.
+ * dresidual    [local tensor] with ADD_RELU: receives g; may be NULL; may alias dy, x or y.
  * dgamma, dbeta [c] may be NULL when not wanted.
  *
  * Flags used: RELU, ADD_RELU, GLOBAL_STATS, CHECK_FINITE (x, y, dy, gamma, beta, save_* of this
  * rank).
  *
  * Errors: NORMA_ERR_INVALID_ARGUMENT (also: global n * spatial < 2 without GLOBAL_STATS; the
- * dtype class or GLOBAL_STATS differ between ranks; another rank's arguments were rejected),
+ * descriptors differ between ranks; another rank's arguments were rejected),
  * NORMA_ERR_NONFINITE, NORMA_ERR_OUT_OF_MEMORY, NORMA_ERR_COMMUNICATION.
  */
 NORMA_API norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d,

@@ -11,10 +11,14 @@
 #   libdnnl-dev                oneDNN, only for the side-by-side benchmark
 #   libjemalloc2               preloaded into the PyTorch benchmark worker (no page faults timed)
 #   libopenblas-dev            the GEMM of the fused Linear -> BN -> ReLU example
+#   clang libclang-rt-dev libomp-dev
+#                              the clang build (warning-free) and the libFuzzer targets
+#                              (tests/fuzz: -fsanitize=fuzzer,address,undefined; clang's OpenMP)
+#   python3-hypothesis         property-based tests of the Python API
 set -euo pipefail
 NORMA_PACKAGES="build-essential cmake pkg-config libopenmpi-dev openmpi-bin python3-numpy \
 python3-pytest python3-torch libtorch-dev python3-torchvision python3-mpi4py libdnnl-dev \
-libjemalloc2 libopenblas-dev"
+libjemalloc2 libopenblas-dev clang libclang-rt-dev libomp-dev python3-hypothesis"
 
 norma_install_deps() {
   local missing=()

@@ -28,6 +28,15 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMA_SANITIZE=ON \
 cmake --build build-asan -j"$JOBS"
 NORMA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2
 
+echo "== clang build (-Werror: library, MPI module, tests, tools, examples) and its C tests"
+cmake -S . -B build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS=-Werror \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-clang -j"$JOBS"
+NORMA_TEST_QUICK=1 ctest --test-dir build-clang --output-on-failure -j2
+
+echo "== fuzz targets, briefly (libFuzzer, clang; scripts/fuzz.sh runs them longer)"
+NORMA_FUZZ_JOBS=2 bash scripts/fuzz.sh 6
+
 echo "== Python tests (pytest, against PyTorch)"
 NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q -rs
 

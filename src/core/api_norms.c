@@ -41,9 +41,10 @@ static norma_status check_sizes(const char *fn, int64_t n, int64_t c, int64_t s,
   int64_t t1, t2, bytes;
   if (__builtin_mul_overflow(n, c, &t1) || __builtin_mul_overflow(t1, s, &t2) ||
       __builtin_mul_overflow(t2, (int64_t)norma__dtype_size(dt), &bytes) ||
-      (uint64_t)bytes > (uint64_t)PTRDIFF_MAX || (uint64_t)bytes > (uint64_t)SIZE_MAX)
-    return norma__fail(BAD, "%s: tensor size overflows (%s = %lld, %s = %lld, %s = %lld)", fn, nn,
-                       (long long)n, cn, (long long)c, sn, (long long)s);
+      bytes > NORMA_MAX_TENSOR_BYTES || (uint64_t)bytes > (uint64_t)SIZE_MAX)
+    return norma__fail(BAD, "%s: the tensor's size overflows or exceeds NORMA_MAX_TENSOR_BYTES "
+                       "(2^48) (%s = %lld, %s = %lld, %s = %lld)", fn, nn, (long long)n, cn,
+                       (long long)c, sn, (long long)s);
   return NORMA_OK;
 }
 

@@ -75,7 +75,7 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
   if (row_stride < 0 || channel_stride < 0)
     return norma__fail(bad, "%s: strides must be >= 0 (got row_stride %lld, channel_stride %lld)",
                        fn, (long long)row_stride, (long long)channel_stride);
-  int64_t last, t1, t2;
+  int64_t last = 0, t1, t2;
   if (rows > 0 && (__builtin_mul_overflow(rows - 1, row_stride, &t1) ||
                    __builtin_mul_overflow(channels - 1, channel_stride, &t2) ||
                    __builtin_add_overflow(t1, t2, &last) ||
@@ -87,15 +87,30 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
   TRY(bn_require(fn, "count", count));
   TRY(bn_require(fn, "mean", mean));
   TRY(bn_require(fn, "m2", m2));
-  for (int64_t j = 0; j < channels; j++)
+  /* channels arrays of 8 bytes: channels <= the tile extent + 1 when rows > 0; bound it for
+     rows == 0 too, before the byte counts below are formed */
+  if ((uint64_t)channels > (uint64_t)PTRDIFF_MAX / 8)
+    return norma__fail(bad, "%s: channels is too large (%lld)", fn, (long long)channels);
+  const size_t es = norma__dtype_size(dtype);
+  const bn_region r[] = {
+      {"x", rows > 0 ? x : NULL, rows > 0 ? (size_t)(last + 1) * es : 0, REGION_TENSOR_IN},
+      {"count", count, (size_t)channels * sizeof(int64_t), REGION_PARAM_OUT},
+      {"mean", mean, dbytes(channels), REGION_PARAM_OUT},
+      {"m2", m2, dbytes(channels), REGION_PARAM_OUT},
+  };
+  TRY(bn_check_overlaps(fn, r, 4));
+  for (int64_t j = 0; j < channels; j++) {
     if (count[j] < 0)
       return norma__fail(bad, "%s: count[%lld] is negative (%lld)", fn, (long long)j,
                          (long long)count[j]);
+    if (count[j] > INT64_MAX - rows)
+      return norma__fail(bad, "%s: count[%lld] + rows overflows int64 (%lld + %lld)", fn,
+                         (long long)j, (long long)count[j], (long long)rows);
+  }
   if (rows == 0) return NORMA_OK;
   /* the tile's own moments (a small scratch), then Chan's merge into the running ones */
   enum { CHUNK = 256 };
   double tm[CHUNK], tm2[CHUNK];
-  const size_t es = norma__dtype_size(dtype);
   for (int64_t j0 = 0; j0 < channels; j0 += CHUNK) {
     const int64_t nc = channels - j0 < CHUNK ? channels - j0 : CHUNK;
     TRY(norm_impl_current()->moments_tile(dtype, rows, nc,
@@ -119,10 +134,27 @@ norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, double *mean_a,
   TRY(bn_require(fn, "count_b", count_b));
   TRY(bn_require(fn, "mean_b", mean_b));
   TRY(bn_require(fn, "m2_b", m2_b));
-  for (int64_t j = 0; j < c; j++)
+  if ((uint64_t)c > (uint64_t)PTRDIFF_MAX / 8)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c is too large (%lld)", fn, (long long)c);
+  const bn_region r[] = {
+      {"count_a", count_a, (size_t)c * sizeof(int64_t), REGION_PARAM_OUT},
+      {"mean_a", mean_a, dbytes(c), REGION_PARAM_OUT},
+      {"m2_a", m2_a, dbytes(c), REGION_PARAM_OUT},
+      {"count_b", count_b, (size_t)c * sizeof(int64_t), REGION_PARAM_IN},
+      {"mean_b", mean_b, dbytes(c), REGION_PARAM_IN},
+      {"m2_b", m2_b, dbytes(c), REGION_PARAM_IN},
+  };
+  TRY(bn_check_overlaps(fn, r, 6));
+  for (int64_t j = 0; j < c; j++) {
     if (count_a[j] < 0 || count_b[j] < 0)
       return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: negative count in channel %lld", fn,
                          (long long)j);
+    if (count_a[j] > INT64_MAX - count_b[j])
+      return norma__fail(NORMA_ERR_INVALID_ARGUMENT,
+                         "%s: count_a[%lld] + count_b[%lld] overflows int64 (%lld + %lld)", fn,
+                         (long long)j, (long long)j, (long long)count_a[j],
+                         (long long)count_b[j]);
+  }
   for (int64_t j = 0; j < c; j++) chan_merge(&count_a[j], &mean_a[j], &m2_a[j], count_b[j], mean_b[j], m2_b[j]);
   return NORMA_OK;
 }
@@ -252,7 +284,11 @@ norma_status norma_bn_backward_reduce(const norma_bn_desc *d, const void *x, con
   TRY(bn_require(fn, "sum_dy", sum_dy));
   TRY(bn_require(fn, "sum_dy_xhat", sum_dy_xhat));
   if (p.n > 0) TRY(check_bwd_inputs(fn, &p, &x, &y, dy, gamma));
+  const int tensors = p.n > 0;
   const bn_region r[] = {
+      {"x", tensors ? x : NULL, tbytes(&p), REGION_TENSOR_IN},
+      {"y", tensors ? y : NULL, tbytes(&p), REGION_TENSOR_IN},
+      {"dy", tensors ? dy : NULL, tbytes(&p), REGION_TENSOR_IN},
       {"mean", mean, dbytes(p.c), REGION_PARAM_IN},
       {"invstd", invstd, dbytes(p.c), REGION_PARAM_IN},
       {"gamma", gamma, pbytes(&p), REGION_PARAM_IN},

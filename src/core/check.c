@@ -42,11 +42,17 @@ norma_status bn_check_desc(const char *fn, const norma_bn_desc *d, int64_t min_n
 
   int64_t m, total, bytes;
   size_t es = norma__dtype_size(d->dtype);
+  /* every product is checked before it is formed; the bound keeps the products the
+     implementation forms from these sizes (blocks, units, bytes times a few tensors) in range */
   if (__builtin_mul_overflow(d->n, d->spatial, &m) || __builtin_mul_overflow(m, d->c, &total) ||
-      __builtin_mul_overflow(total, (int64_t)es, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX ||
-      (uint64_t)bytes > (uint64_t)SIZE_MAX)
+      __builtin_mul_overflow(total, (int64_t)es, &bytes))
     return norma__fail(bad, "%s: tensor size overflows (n = %lld, c = %lld, spatial = %lld)", fn,
                        (long long)d->n, (long long)d->c, (long long)d->spatial);
+  if (bytes > NORMA_MAX_TENSOR_BYTES || (uint64_t)bytes > (uint64_t)SIZE_MAX)
+    return norma__fail(bad, "%s: the tensor would have %lld bytes, more than "
+                       "NORMA_MAX_TENSOR_BYTES (2^48) (n = %lld, c = %lld, spatial = %lld)", fn,
+                       (long long)bytes, (long long)d->n, (long long)d->c,
+                       (long long)d->spatial);
   if (training && d->n > 0 && m < 2)
     return norma__fail(bad, "%s: expected more than 1 value per channel when training, got "
                        "n * spatial = %lld (n = %lld, spatial = %lld)", fn, (long long)m,

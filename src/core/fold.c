@@ -9,6 +9,10 @@ static norma_status check_fold(const char *fn, const char *cname, int64_t c, con
   if (c <= 0)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: %s must be > 0 (got %lld)", fn, cname,
                        (long long)c);
+  /* the byte counts below are c * sizeof(float): bounded as every tensor is */
+  if (c > NORMA_MAX_TENSOR_BYTES / (int64_t)sizeof(float))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is more than "
+                       "NORMA_MAX_TENSOR_BYTES / 4", fn, cname, (long long)c);
   if (!(eps >= 0.0) || !isfinite(eps))
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: eps must be finite and >= 0 (got %g)", fn, eps);
   norma_status st;
@@ -56,8 +60,10 @@ norma_status norma_bn_fold_into_weights(int64_t c_out, int64_t per_out, float *w
   if (per_out <= 0)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: per_out must be > 0 (got %lld)", fn,
                        (long long)per_out);
-  if (__builtin_mul_overflow(c_out, per_out, &total) || (uint64_t)total > (uint64_t)PTRDIFF_MAX / 4)
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c_out * per_out overflows", fn);
+  if (__builtin_mul_overflow(c_out, per_out, &total) ||
+      total > NORMA_MAX_TENSOR_BYTES / (int64_t)sizeof(float))
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c_out * per_out overflows or is more "
+                       "than NORMA_MAX_TENSOR_BYTES / 4", fn);
   if ((st = bn_require(fn, "weight", weight)) || (st = bn_require(fn, "bias", bias))) return st;
   const bn_region r[] = {
       {"weight", weight, (size_t)total * 4, REGION_PARAM_OUT},

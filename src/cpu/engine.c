@@ -125,8 +125,15 @@ static inline const void *cst_at(const norm_job *jb, const norm_unit *u, int64_t
   return (const char *)u->cst + (size_t)jrel * jb->cbytes;
 }
 
+/* Channels-first segments of a channel: a run (one sample's s values) is cut into chunks of at
+   most NORM_CF_CHUNK values; short runs are taken several samples at a time, up to
+   NORM_CF_CHUNK values per segment (one kernel call for them: a 7x7 layer's runs are 49
+   values).  Samples per segment and chunks per run depend on s alone. */
 static int64_t cf_chunks(const norm_job *jb) {
   return (jb->g->s + NORM_CF_CHUNK - 1) / NORM_CF_CHUNK;
+}
+static int64_t cf_spr(const norm_job *jb) {
+  return jb->g->s >= NORM_CF_CHUNK ? 1 : NORM_CF_CHUNK / jb->g->s;
 }
 /* rows of the samples [i0, i1) in rows form */
 static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
@@ -139,18 +146,18 @@ static int64_t rows_line(const norm_job *jb) {
 
 /* ---- reduction of one segment ----------------------------------------------------------- */
 
-/* channels-first: chunk q of channel ch of sample i -> out[3] */
-static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t q,
-                        double *out) {
+/* channels-first: chunk q of channel ch of the samples [i, i + nr) -> out[3] */
+static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t nr,
+                        int64_t q, double *out) {
   const norm_geom *g = jb->g;
   const int64_t s0 = q * NORM_CF_CHUNK;
   const int64_t len = g->s - s0 < NORM_CF_CHUNK ? g->s - s0 : NORM_CF_CHUNK;
-  const int64_t e = (i * g->c + ch) * g->s + s0;
+  const int64_t e = (i * g->c + ch) * g->s + s0, stride = g->c * g->s;
   if (jb->nsums == SUMS_STATS)
-    jb->uk->stats_run(tptr(jb, jb->x, e), len, NULL, out); /* t1, t2, anchor */
+    jb->uk->stats_run(tptr(jb, jb->x, e), len, nr, stride, NULL, out); /* t1, t2, anchor */
   else
-    jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len,
-                         cst_at(jb, u, ch - u->j0), u->cs, jb->act, out);
+    jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), len, nr,
+                         stride, cst_at(jb, u, ch - u->j0), u->cs, jb->act, out);
 }
 
 static int64_t cf_chunk_len(const norm_job *jb, int64_t q) {
@@ -231,7 +238,7 @@ static void unit_stats_groups_cf(norm_job *jb, norm_unit *u) {
     for (int64_t q = 0; q * NORM_CF_CHUNK < len; q++) {
       const int64_t n = len - q * NORM_CF_CHUNK < NORM_CF_CHUNK ? len - q * NORM_CF_CHUNK
                                                                 : NORM_CF_CHUNK;
-      jb->uk->stats_run(tptr(jb, jb->x, e0 + q * NORM_CF_CHUNK), n, NULL, o);
+      jb->uk->stats_run(tptr(jb, jb->x, e0 + q * NORM_CF_CHUNK), n, 1, 0, NULL, o);
       absorb(jb, u->tot, u->ts, j, q == 0, o, 1, (double)n);
     }
   }
@@ -239,6 +246,11 @@ static void unit_stats_groups_cf(norm_job *jb, norm_unit *u) {
 
 /* merges the per-channel statistics of each group of the unit into the group's first channel,
    in channel order (per-sample norms with cpg > 1) */
+void norm_unit_absorb(const norm_job *jb, norm_unit *u, int64_t dst, int64_t src, double cnt) {
+  const double t[3] = {u->tot[src], u->tot[u->ts + src], u->tot[2 * u->ts + src]};
+  absorb(jb, u->tot, u->ts, dst, 0, t, 1, cnt);
+}
+
 static void unit_merge_groups(norm_job *jb, norm_unit *u, double cnt_per_channel) {
   const int64_t cpg = jb->g->cpg;
   for (int64_t j = 0; j < u->nc; j += cpg)
@@ -267,14 +279,17 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
         absorb(jb, u->tot, u->ts, j, ra == r0, &s[j], u->ts, (double)(rb - ra));
     }
   } else {
-    const int64_t nch = cf_chunks(jb);
+    const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
     double s[3];
-    for (int64_t i = u->i0; i < u->i1; i++)
+    for (int64_t i = u->i0; i < u->i1; i += spr) {
+      const int64_t nr = u->i1 - i < spr ? u->i1 - i : spr;
       for (int64_t j = 0; j < u->nc; j++)
         for (int64_t q = 0; q < nch; q++) { /* channel j0 + j sees its segments in order */
-          seg_sums_cf(jb, u, u->j0 + j, i, q, s);
-          absorb(jb, u->tot, u->ts, j, i == u->i0 && q == 0, s, 1, (double)cf_chunk_len(jb, q));
+          seg_sums_cf(jb, u, u->j0 + j, i, nr, q, s);
+          absorb(jb, u->tot, u->ts, j, i == u->i0 && q == 0, s, 1,
+                 (double)(nr * cf_chunk_len(jb, q)));
         }
+    }
   }
   if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
     unit_merge_groups(jb, u, (double)g->s);
@@ -305,18 +320,19 @@ static void unit_apply_slow(const norm_job *jb, const norm_unit *u) {
     }
 }
 
-static void apply_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t q) {
+static void apply_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t nr,
+                     int64_t q) {
   const norm_geom *g = jb->g;
   const int64_t s0 = q * NORM_CF_CHUNK, len = cf_chunk_len(jb, q);
-  const int64_t e = (i * g->c + ch) * g->s + s0;
+  const int64_t e = (i * g->c + ch) * g->s + s0, stride = g->c * g->s;
   const void *k = cst_at(jb, u, ch - u->j0);
   if (jb->dy)
     jb->uk->bwd_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
-                    tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, k, u->cs,
+                    tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), len, nr, stride, k, u->cs,
                     g->act | jb->store);
   else
-    jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len, k,
-                    u->cs, g->act | jb->store);
+    jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len, nr,
+                    stride, k, u->cs, g->act | jb->store);
 }
 
 static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
@@ -344,10 +360,12 @@ static void unit_apply(const norm_job *jb, const norm_unit *u) {
       apply_rows(jb, u, r, r + NORM_CL_SEG_ROWS < r1 ? r + NORM_CL_SEG_ROWS : r1, u->j0, u->nc);
     return;
   }
-  const int64_t nch = cf_chunks(jb);
-  for (int64_t i = u->i0; i < u->i1; i++)
+  const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
+  for (int64_t i = u->i0; i < u->i1; i += spr) {
+    const int64_t nr = u->i1 - i < spr ? u->i1 - i : spr;
     for (int64_t j = 0; j < u->nc; j++)
-      for (int64_t q = 0; q < nch; q++) apply_cf(jb, u, u->j0 + j, i, q);
+      for (int64_t q = 0; q < nch; q++) apply_cf(jb, u, u->j0 + j, i, nr, q);
+  }
 }
 
 /* ---- threads ---------------------------------------------------------------------------- */
@@ -438,7 +456,7 @@ static void fused_units(norm_job *jb, int64_t b0, int64_t b1, void *arg) {
    segments, each in channel blocks so that a tensor of few rows still feeds every thread */
 static int64_t nsegments(const norm_job *jb) {
   return jb->rows_form ? (jb->g->m + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS
-                       : jb->g->n * cf_chunks(jb);
+                       : (jb->g->n + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
 }
 #define SPLIT_CBLOCK 256 /* channels per rows-form work item of the split reduction */
 
@@ -450,10 +468,10 @@ typedef struct split_arg {
 /* channels-first: part[(ch * nseg + seg) * 3 + k] */
 static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const split_arg *sa = arg;
-  const int64_t nseg = nsegments(jb), nch = cf_chunks(jb);
+  const int64_t nseg = nsegments(jb), nch = cf_chunks(jb), spr = cf_spr(jb), n = jb->g->n;
   for (int64_t it = w0; it < w1; it++) {
-    const int64_t ch = it / nseg, seg = it % nseg;
-    seg_sums_cf(jb, sa->u, ch, seg / nch, seg % nch, &sa->part[it * 3]);
+    const int64_t ch = it / nseg, seg = it % nseg, i = seg / nch * spr;
+    seg_sums_cf(jb, sa->u, ch, i, n - i < spr ? n - i : spr, seg % nch, &sa->part[it * 3]);
   }
 }
 /* rows form: part[seg * 3 * c + k * c + j]; work items are (segment, channel block) */
@@ -475,7 +493,7 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
   if (i0 >= i1) return;
   int64_t q = i0 % nch, ch = (i0 / nch) % c, n = i0 / nch / c; /* then counted, not divided */
   for (int64_t it = i0; it < i1; it++) {
-    apply_cf(jb, sa->u, ch, n, q);
+    apply_cf(jb, sa->u, ch, n, 1, q);
     if (++q == nch) {
       q = 0;
       if (++ch == c) ch = 0, n++;
@@ -499,12 +517,14 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
   if (jb->nsums) {
     for (int64_t j = 0; j < 3 * c; j++) u->tot[j] = 0.0;
     if (!jb->rows_form) {
-      const int64_t nch = cf_chunks(jb);
+      const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
       norm_parallel_for(jb, c * nseg, split_sums_cf, &sa);
       for (int64_t ch = 0; ch < c; ch++)
-        for (int64_t seg = 0; seg < nseg; seg++)
+        for (int64_t seg = 0; seg < nseg; seg++) {
+          const int64_t i = seg / nch * spr, nr = g->n - i < spr ? g->n - i : spr;
           absorb(jb, u->tot, c, ch, seg == 0, &part[(ch * nseg + seg) * 3], 1,
-                 (double)cf_chunk_len(jb, seg % nch));
+                 (double)(nr * cf_chunk_len(jb, seg % nch)));
+        }
     } else {
       norm_parallel_for(jb, nseg * ((c + SPLIT_CBLOCK - 1) / SPLIT_CBLOCK), split_sums_rows, &sa);
       for (int64_t seg = 0; seg < nseg; seg++) {
@@ -518,7 +538,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
   jb->finalize(jb, u);
   if (!jb->apply) return;
   if (u->slow && !jb->dy) norm_parallel_for(jb, 1, split_apply_slow, &sa);
-  else if (!jb->rows_form) norm_parallel_for(jb, c * nseg, split_apply_cf, &sa);
+  else if (!jb->rows_form) norm_parallel_for(jb, g->n * c * cf_chunks(jb), split_apply_cf, &sa);
   else norm_parallel_for(jb, g->m, split_apply_rows, &sa);
 }
 
@@ -533,9 +553,29 @@ static int use_fused(const norm_job *jb, int64_t units) {
    reduction and the apply.  Channels-first has no smaller unit than a channel, so it stays
    fused (the apply then reads again from memory); channels-last with too many rows for even
    one cache line of channels takes the split schedule, whose two passes stream whole rows. */
+/* Tuning knobs for experiments (docs/performance.md): NORMA_UNIT_BUDGET, bytes a fused unit
+   may hold per thread (default half the L2), and NORMA_MIN_PIECE, the shortest contiguous
+   piece of a channels-last row a fused unit may read (default 2048 bytes). */
+static int64_t env_bytes(const char *name, int64_t dflt) {
+  const char *e = getenv(name);
+  if (!e || !*e) return dflt;
+  const long long v = atoll(e);
+  return v > 0 ? (int64_t)v : dflt;
+}
+int64_t norm_unit_budget(void) {
+  static int64_t v = 0;
+  if (!v) v = env_bytes("NORMA_UNIT_BUDGET", norma__l2_bytes() / 2);
+  return v;
+}
+static int64_t min_piece(void) {
+  static int64_t v = 0;
+  if (!v) v = env_bytes("NORMA_MIN_PIECE", 2048);
+  return v;
+}
+
 static int plan_bn(norm_job *jb) {
   const norm_geom *g = jb->g;
-  const int64_t budget = norma__l2_bytes() / 2;
+  const int64_t budget = norm_unit_budget();
   const int64_t tensors = jb->nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
   if (!jb->rows_form) {
     /* channels per unit: enough for 8 KiB contiguous per image, within the L2 share */
@@ -563,7 +603,7 @@ static int plan_bn(norm_job *jb) {
   /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
      short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
      whole rows or pieces of at least 2 KiB */
-  if ((w < g->c && w * (int64_t)g->esize < 2048) || (double)w * per_channel > (double)budget)
+  if ((w < g->c && w * (int64_t)g->esize < min_piece()) || (double)w * per_channel > (double)budget)
     return 0;
   return use_fused(jb, (g->c + w - 1) / w);
 }
@@ -580,16 +620,17 @@ static void plan_per_sample(norm_job *jb) {
   if (!jb->rows_form) {
     const double want = 64.0 * 1024;
     k = gbytes >= want ? 1 : (int64_t)(want / gbytes);
-  } else if (g->n < 2 * (int64_t)jb->nt) {
+  } else if (g->n % jb->nt == 0 || g->n >= 4 * (int64_t)jb->nt) {
+    k = ngr; /* whole rows: both passes stream; the samples balance the threads */
+  } else {
     const double piece = (double)cpg * (double)g->esize; /* bytes of a group in a row */
     k = piece >= 2048.0 ? 1 : (int64_t)ceil(2048.0 / piece);
-  } else {
-    k = ngr;
   }
   if (k > ngr) k = ngr;
   if (k < 1) k = 1;
-  /* enough units for the threads */
-  while (k > 1 && g->n * ((ngr + k - 1) / k) < 4 * (int64_t)jb->nt) k = (k + 1) / 2;
+  /* enough units for the threads (whole rows already balance them) */
+  if (k < ngr || !jb->rows_form)
+    while (k > 1 && g->n * ((ngr + k - 1) / k) < 4 * (int64_t)jb->nt) k = (k + 1) / 2;
   jb->unit = k * cpg;
 }
 
@@ -617,6 +658,7 @@ void norm_plan_job(norm_job *jb) {
   } else {
     jb->fused = jb->nsums && plan_bn(jb);
     if (jb->nsums && forced_schedule() >= 0) jb->fused = forced_schedule();
+    if (jb->split) jb->fused = 0;
     if (!jb->fused) jb->unit = g->c;
   }
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill

@@ -62,6 +62,7 @@ struct norm_job {
   int store;       /* BN_STORE_NT when outputs bypass the cache */
   int nsums;       /* SUMS_* */
   int act;         /* the activation the reduction kernels see (the geometry's) */
+  int split;       /* the op asks for the split schedule (BatchNorm's wide rows) */
   int apply;       /* apply after finalize */
   /* tensors */
   const void *x, *res, *y, *dy;
@@ -79,6 +80,9 @@ norma_status norm_run_job(norm_job *jb);
 
 /* Plans only (query_plan). */
 void norm_plan_job(norm_job *jb);
+/* Bytes a fused unit may hold per thread and still be applied from cache (half the L2, or
+   NORMA_UNIT_BUDGET). */
+int64_t norm_unit_budget(void);
 
 /* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
 
@@ -121,6 +125,10 @@ static inline void norm_moments_of(const norm_unit *u, int64_t jrel, double cnt,
    to remove the offset of a rounded saved mean before the activation's derivative needs
    x_hat (SiLU). */
 void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u);
+
+/* tot[.. dst] of the unit absorbs column src's totals (statistics over cnt values: re-anchored
+   and added; the backward's sums: added) - the merge of columns that belong to one group */
+void norm_unit_absorb(const norm_job *jb, norm_unit *u, int64_t dst, int64_t src, double cnt);
 
 /* ---- shared by the engine and the row path -------------------------------------------- */
 

@@ -4,6 +4,7 @@
  * backward (from x and the saved statistics, or from y), and the split API's pieces.
  */
 #include <math.h>
+#include <string.h>
 
 #include "engine.h"
 
@@ -55,6 +56,82 @@ static void finalize_moments(norm_job *jb, norm_unit *u) {
     norm_moments_of(u, j, (double)jb->g->m, &a->mean_out[u->j0 + j], &a->m2_out[u->j0 + j]);
 }
 
+/* ---- channels-last with few channels: wide rows ----------------------------------------- */
+
+/* The memory of a channels-last [m][C] tensor is also [m / k][k C]: column j of that wide view
+   is channel j % C.  Rows shorter than a vector (C < 16 f32 values) would give every kernel
+   call partial vectors; the wide view gives them rows of about 256 values.  The engine reduces
+   and applies the wide view (the split schedule: one unit holds every column); the wrappers
+   below merge the k columns of each channel in order, run BatchNorm's own prepare / finalize
+   on the C channels, and repeat the constants across the columns. */
+typedef struct wide_ctx {
+  const void *args;             /* the op's arguments (its callbacks' ctx) */
+  norm_unit_fn prepare, finalize; /* BatchNorm's callbacks */
+  const norm_geom *g;           /* the op's own geometry */
+} wide_ctx;
+
+static int64_t wide_factor(const norm_geom *g) {
+  if (g->layout != NORMA_CHANNELS_LAST || g->c * (int64_t)g->esize >= 64) return 1;
+  for (int64_t k = (256 + g->c - 1) / g->c; k > 1; k--)
+    if (g->m % k == 0) return k;
+  return 1;
+}
+
+/* the callbacks see the op's geometry and arguments, and the first C columns as channels */
+static void narrow(const norm_job *jb, const norm_unit *u, norm_job *j, norm_unit *v) {
+  const wide_ctx *w = jb->ctx;
+  *j = *jb, j->ctx = w->args, j->g = w->g;
+  *v = *u, v->nc = w->g->c;
+}
+
+static void repeat_columns(const norm_job *jb, norm_unit *u, int64_t c) {
+  const size_t cb = jb->cbytes;
+  for (int k = 0; k < C_COUNT; k++) {
+    char *row = (char *)u->cst + (size_t)k * (size_t)u->cs * cb;
+    for (int64_t t = c; t < u->nc; t += c) memcpy(row + (size_t)t * cb, row, (size_t)c * cb);
+  }
+  for (int k = 0; k < 3; k++)
+    for (int64_t t = c; t < u->nc; t += c)
+      memcpy(&u->dcst[k * u->ts + t], &u->dcst[k * u->ts], (size_t)c * sizeof(double));
+}
+
+static void wide_prepare(norm_job *jb, norm_unit *u) {
+  const wide_ctx *w = jb->ctx;
+  norm_job j;
+  norm_unit v;
+  narrow(jb, u, &j, &v);
+  w->prepare(&j, &v);
+  repeat_columns(jb, u, w->g->c);
+}
+
+static void wide_finalize(norm_job *jb, norm_unit *u) {
+  const wide_ctx *w = jb->ctx;
+  const int64_t c = w->g->c;
+  if (jb->nsums)
+    for (int64_t t = c; t < u->nc; t += c)
+      for (int64_t j = 0; j < c; j++) norm_unit_absorb(jb, u, j, t + j, (double)jb->g->m);
+  norm_job j;
+  norm_unit v;
+  narrow(jb, u, &j, &v);
+  w->finalize(&j, &v);
+  u->slow = v.slow;
+  repeat_columns(jb, u, c);
+}
+
+/* runs jb, through the wide view when the rows are short */
+static norma_status run_bn(norm_job *jb, const norm_geom *g) {
+  const int64_t k = wide_factor(g);
+  if (k == 1) return norm_run_job(jb);
+  norm_geom gw = *g;
+  gw.c = g->c * k, gw.n = g->m / k, gw.s = 1;
+  norm_geom_finish(&gw);
+  wide_ctx w = {jb->ctx, jb->prepare, jb->finalize, g};
+  jb->g = &gw, jb->ctx = &w, jb->split = 1;
+  jb->prepare = jb->prepare ? wide_prepare : NULL;
+  jb->finalize = wide_finalize;
+  return norm_run_job(jb);
+}
+
 norma_status norm_bn_forward(const norm_geom *g, norm_fwd_mode mode, const norm_fwd_args *a) {
   static const norm_unit_fn fin[] = {finalize_training, finalize_inference, finalize_apply,
                                      finalize_moments};
@@ -62,7 +139,7 @@ norma_status norm_bn_forward(const norm_geom *g, norm_fwd_mode mode, const norm_
                                       ? SUMS_STATS : SUMS_NONE,
                  .apply = mode != NORM_FWD_MOMENTS, .x = a->x, .res = a->res, .out = a->y,
                  .finalize = fin[mode], .ctx = a};
-  return norm_run_job(&jb);
+  return run_bn(&jb, g);
 }
 
 /* ---- backward --------------------------------------------------------------------------- */
@@ -149,7 +226,7 @@ norma_status norm_bn_backward(const norm_geom *g, norm_bwd_mode mode, const norm
                  .apply = mode != NORM_BWD_REDUCE, .x = a->x ? a->x : a->y, .y = a->y,
                  .dy = a->dy, .out = a->dx, .dres = a->dres, .prepare = prepare_xhat,
                  .finalize = fin[mode], .ctx = a};
-  return norm_run_job(&jb);
+  return run_bn(&jb, g);
 }
 
 /* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */
@@ -203,7 +280,7 @@ norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels
       union { float f; double d; } k;
       for (int64_t r0 = 0; r0 < rows; r0 += NORM_CF_CHUNK) {
         const int64_t n = rows - r0 < NORM_CF_CHUNK ? rows - r0 : NORM_CF_CHUNK;
-        uk->stats_run(base + (size_t)r0 * es, n, r0 == 0 ? NULL : (const void *)&k, o);
+        uk->stats_run(base + (size_t)r0 * es, n, 1, 0, r0 == 0 ? NULL : (const void *)&k, o);
         if (r0 == 0) {
           kk = o[2];
           if (dt == NORMA_F64) k.d = kk;
@@ -241,6 +318,6 @@ void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
   } else {
     const double tensors = jb.nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
     const double unit_bytes = (double)jb.unit * (double)g->m * (double)g->esize * tensors;
-    out->dram_passes = unit_bytes <= (double)(norma__l2_bytes() / 2) ? 1 : 2;
+    out->dram_passes = unit_bytes <= (double)norm_unit_budget() ? 1 : 2;
   }
 }

@@ -86,7 +86,7 @@ static void group_stats(const row_ctx *rc, const char *h, int64_t len, double *m
   double t1 = 0.0, t2 = 0.0, K = 0.0, o[3];
   for (int64_t i = 0; i < len; i += NORM_CF_CHUNK) {
     const int64_t n = len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK;
-    uk->stats_run(h + (size_t)i * g->esize, n, NULL, o);
+    uk->stats_run(h + (size_t)i * g->esize, n, 1, 0, NULL, o);
     if (i == 0) {
       t1 = o[0], t2 = o[1], K = o[2];
     } else {
@@ -265,13 +265,16 @@ norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const nor
   rc.part = grads ? (double *)(mem + pb) : NULL;
   rc.thr = mem + pb + partb;
   norm_parallel_for(&jb, nunits, bwd_units, &rc);
-  if (grads)
-    for (int64_t j = 0; j < g->c; j++) {
-      double dg = 0.0, db = 0.0;
-      for (int64_t u = 0; u < nunits; u++)
-        dg += rc.part[(size_t)u * 2 * g->c + j], db += rc.part[(size_t)u * 2 * g->c + g->c + j];
-      if (a->dgamma) norma__param_store(g->dt, a->dgamma, j, dg);
-      if (a->dbeta) norma__param_store(g->dt, a->dbeta, j, db);
+  if (grads) { /* the units' partials in unit order, into unit 0's (memory order) */
+    double *p0 = rc.part;
+    for (int64_t u = 1; u < nunits; u++) {
+      const double *pu = rc.part + (size_t)u * 2 * (size_t)g->c;
+      for (int64_t j = 0; j < 2 * g->c; j++) p0[j] += pu[j];
     }
+    for (int64_t j = 0; j < g->c; j++) {
+      if (a->dgamma) norma__param_store(g->dt, a->dgamma, j, p0[j]);
+      if (a->dbeta) norma__param_store(g->dt, a->dbeta, j, p0[g->c + j]);
+    }
+  }
   return NORMA_OK;
 }

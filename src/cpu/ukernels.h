@@ -60,28 +60,31 @@ enum {
 };
 
 typedef struct bn_ukernels {
-  /* a block of len >= 1 values, channel anchor *k (compute type; NULL: the block's own
-     anchor): out[0] = sum (x - k), out[1] = sum (x - k)^2, out[2] = the block's anchor kb */
-  void (*stats_run)(const void *x, int64_t len, const void *k, double out[3]);
+  /* a block of nruns >= 1 runs of len >= 1 values of one channel, the runs stride elements
+     apart (value i of every run in lane i % 32), channel anchor *k (compute type; NULL: the
+     block's own anchor): out[0] = sum (x - k), out[1] = sum (x - k)^2, out[2] = the block's
+     anchor kb */
+  void (*stats_run)(const void *x, int64_t len, int64_t nruns, int64_t stride, const void *k,
+                    double out[3]);
   /* the same for each channel j < nc <= 1024 over rows >= 1 rows, anchors k[j] (or NULL):
      o1[j], o2[j] (overwritten), okb[j] (when not NULL) */
   void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *k,
                      double *o1, double *o2, double *okb);
-  /* y = act((x - mhi) * scale + shift [+ res]) */
-  void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, const void *cst,
-                  int64_t cs, int act);
+  /* y = act((x - mhi) * scale + shift [+ res]), nruns runs of len values stride apart */
+  void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, int64_t nruns,
+                  int64_t stride, const void *cst, int64_t cs, int act);
   void (*fwd_rows)(const void *x, const void *res, void *y, int64_t rows, int64_t ld,
                    int64_t nc, const void *cst, int64_t cs, int act);
   /* g = dy masked by y > 0 (RELU, ADD_RELU) or times silu'(z) (SILU), xh = (v - a) * b + c:
      out = {sum g, sum g*xh, sum xh} */
-  void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len,
-                       const void *cst, int64_t cs, int act, double out[3]);
+  void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len, int64_t nruns,
+                       int64_t stride, const void *cst, int64_t cs, int act, double out[3]);
   void (*bwd_sums_rows)(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
                         int64_t nc, const void *cst, int64_t cs, int act, double *o1,
                         double *o2, double *o3);
   /* dx = da * (g - gm) + db * xh + dd;  dres = g (when dres != NULL) */
   void (*bwd_run)(const void *v, const void *y, const void *dy, void *dx, void *dres,
-                  int64_t len, const void *cst, int64_t cs, int act);
+                  int64_t len, int64_t nruns, int64_t stride, const void *cst, int64_t cs, int act);
   void (*bwd_rows)(const void *v, const void *y, const void *dy, void *dx, void *dres,
                    int64_t rows, int64_t ld, int64_t nc, const void *cst, int64_t cs, int act);
 

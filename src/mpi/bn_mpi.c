@@ -1,20 +1,28 @@
 /* bn_mpi.c - SyncBatchNorm over MPI, built only on the split API of norma.h plus MPI.
 
-   One collective per call.  Each rank packs one record: a header (its status, its count, a
-   fingerprint of the arguments that must agree) and its per-channel partials (forward: the
-   moments mean, m2; backward: sum g, sum g * x_hat, sum x_hat).  The records are combined in
-   rank order by one function, combine_records, either
+   Each rank packs a record: a header (its status, its count, the fingerprint of its
+   descriptor: c, eps, dtype, layout, flags, direction) and its per-channel partials (forward:
+   the moments mean, m2; backward: sum g, sum g * x_hat, sum x_hat).  The records are combined
+   in rank order by one function, combine_records, either
      - after an MPI_Allgather, by every rank, left to right (bitwise identical on every rank by
        construction), or
      - inside MPI_Allreduce, as a non-commutative user-defined operation (MPI keeps the rank
        order of the operands; see docs/distributed.md for why every rank gets the same bits).
    The first moves P records to every rank, the second O(log P); the choice depends only on
-   the communicator size and c (and NORMA_MPI_EXCHANGE), so every rank makes the same one.
+   the communicator size and the record size (and NORMA_MPI_EXCHANGE), so every rank makes
+   the same one.
+
+   Segments: the first record of a call has a fixed size (SEG0_BYTES: the header and the first
+   512 / 341 channels), so that the collective completes whatever each rank's descriptor
+   says: ranks that disagree on c, or a rank without a usable d, still exchange, and every
+   rank reads the same verdict from the combined header.  Only after that verdict (every rank
+   OK, every fingerprint equal) does a second collective carry channels 512.. (341..), whose
+   size every rank now knows to be the same.
 
    Errors: everything a rank can check locally is checked before the exchange; a failed check
    is sent as the record's status (with zero partials) instead of returning early, so the other
-   ranks are not left waiting and every rank returns an error.  Outputs are written only after
-   the exchange succeeded and every rank reported OK. */
+   ranks are not left waiting and every rank returns the same error.  Outputs are written only
+   after the exchange succeeded and every rank reported OK. */
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -130,8 +138,20 @@ static double param_at(norma_dtype t, const void *p, int64_t i) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The record and its rank-order combination                                                  */
+/* The record, its fingerprint, and the rank-order combination                                */
 /* ------------------------------------------------------------------------------------------ */
+
+/* What every rank must agree on: the descriptor less n and spatial, and the direction.  A rank
+   whose d is NULL (or unusable) sends zeros and a failed status. */
+typedef struct rec_fp {
+  int64_t c;
+  double eps;
+  int32_t dtype, layout;
+  uint32_t flags;
+  uint32_t kind;      /* KIND_FWD / KIND_BWD */
+} rec_fp;
+
+enum { FP_C = 1u, FP_EPS = 2u, FP_DTYPE = 4u, FP_LAYOUT = 8u, FP_FLAGS = 16u, FP_KIND = 32u };
 
 typedef struct rec_hdr {
   int32_t status;        /* status of the lowest failing rank in the range (0: none failed) */
@@ -139,32 +159,62 @@ typedef struct rec_hdr {
   int32_t first_rank;    /* lowest rank of the range the record covers */
   int32_t mismatch_rank; /* lowest rank whose fingerprint differs from first_rank's, -1 if none */
   int64_t count;         /* values per channel over the range */
-  /* fingerprint: what every rank must agree on */
-  int64_t c;
-  double eps;            /* forward only (0 in the backward) */
-  uint32_t fp_flags;     /* FP_* */
+  int64_t ch0;           /* first channel of the segment the record carries */
+  rec_fp fp;             /* first_rank's fingerprint */
+  uint32_t fp_diff;      /* FP_* fields in which mismatch_rank differs */
   uint32_t from_y;       /* backward: some rank of the range recovered x_hat from y (x NULL) */
 } rec_hdr;
-_Static_assert(sizeof(rec_hdr) == 48 && sizeof(rec_hdr) % sizeof(double) == 0,
+_Static_assert(sizeof(rec_hdr) == 72 && sizeof(rec_hdr) % sizeof(double) == 0,
                "the per-channel doubles follow the header aligned");
 
-enum { FP_PARAM_F64 = 1u << 8 }; /* or-ed with the statistics flags (BIASED_RUNNING_VAR, GLOBAL_STATS) */
 enum { KIND_FWD = 0, KIND_BWD = 1 };
 static const int64_t per_channel[2] = {2, 3}; /* doubles per channel: mean, m2 | sdy, sdyx, sx */
 
-/* The largest c a record can carry (its size must fit in an int). */
+/* Segment 0: the first record of every call has this fixed size, whatever d says, so that the
+   collective completes on every rank even when the ranks disagree on d->c (or a rank has no
+   usable d): its header carries the status and the fingerprint, its data the first SEG0_CH
+   channels.  Only when every rank agreed and c > SEG0_CH does a second collective follow, for
+   channels SEG0_CH..c-1, its size now known to be the same everywhere.  8 KiB: 512 channels
+   forward, 341 backward in one message (docs/distributed.md, "One message per direction"). */
+#define SEG0_DATA_BYTES ((size_t)8192)
+#define SEG0_BYTES (sizeof(rec_hdr) + SEG0_DATA_BYTES)
+static int64_t seg0_channels(int kind) {
+  return (int64_t)(SEG0_DATA_BYTES / sizeof(double)) / per_channel[kind];
+}
+
+/* The largest c a record can carry (the second record's size must fit in an int). */
 #define MAX_C (((int64_t)INT_MAX - (int64_t)sizeof(rec_hdr)) / 24)
 
-static size_t rec_bytes(int kind, int64_t c) {
-  return sizeof(rec_hdr) + (size_t)(per_channel[kind] * c) * sizeof(double);
+/* A record with room for `cap` channels: the header, then per_channel planes of cap doubles. */
+static size_t rec_bytes(int kind, int64_t cap) {
+  return sizeof(rec_hdr) + (size_t)(per_channel[kind] * cap) * sizeof(double);
 }
 static double *rec_data(void *rec) { return (double *)((char *)rec + sizeof(rec_hdr)); }
 static const double *rec_cdata(const void *rec) {
   return (const double *)((const char *)rec + sizeof(rec_hdr));
 }
 
-static int fp_equal(const rec_hdr *a, const rec_hdr *b) {
-  return a->c == b->c && a->eps == b->eps && a->fp_flags == b->fp_flags;
+/* LAYOUT_EITHER: this rank's tensor has the same bytes in both layouts (n == 0, spatial == 1
+   or c == 1), so its layout cannot disagree with anyone's */
+#define LAYOUT_EITHER (-1)
+
+static uint32_t fp_diff(const rec_fp *a, const rec_fp *b) {
+  const int layouts_differ =
+      a->layout != LAYOUT_EITHER && b->layout != LAYOUT_EITHER && a->layout != b->layout;
+  return (a->c != b->c ? FP_C : 0u) | (a->eps != b->eps ? FP_EPS : 0u) |
+         (a->dtype != b->dtype ? FP_DTYPE : 0u) | (layouts_differ ? FP_LAYOUT : 0u) |
+         (a->flags != b->flags ? FP_FLAGS : 0u) | (a->kind != b->kind ? FP_KIND : 0u);
+}
+
+static void fp_make(rec_fp *fp, int kind, const norma_bn_desc *d) {
+  memset(fp, 0, sizeof *fp);
+  fp->kind = (uint32_t)kind;
+  if (!d) return;
+  fp->c = d->c;
+  fp->eps = d->eps;
+  fp->dtype = (int32_t)d->dtype;
+  fp->layout = d->n == 0 || d->spatial == 1 || d->c == 1 ? LAYOUT_EITHER : (int32_t)d->layout;
+  fp->flags = d->flags;
 }
 
 /* (count, mean, m2) of ranges a then b -> o, channel by channel, by norma_bn_moments_merge.
@@ -189,31 +239,48 @@ static void moments_combine(int64_t c, int64_t ca, const double *ma, const doubl
     }
     memcpy(tm, ma + j0, (size_t)k * sizeof(double));
     memcpy(tq, qa + j0, (size_t)k * sizeof(double));
-    /* cannot fail: k >= 1 and no pointer is NULL */
+    /* cannot fail: k >= 1, no pointer is NULL, nothing overlaps, ca + cb checked by the caller */
     (void)norma_bn_moments_merge(k, na, tm, tq, nb, mb + j0, qb + j0);
     memcpy(mo + j0, tm, (size_t)k * sizeof(double));
     memcpy(qo + j0, tq, (size_t)k * sizeof(double));
   }
 }
 
-/* out = a (+) b, where a covers lower ranks than b.  out may alias a or b.  This one function
-   combines records both after the allgather and inside the allreduce operation. */
-static void combine_records(int kind, int64_t c, const void *a, const void *b, void *out) {
+/* out = a (+) b, where a covers lower ranks than b; both records have room for cap channels.
+   out may alias a or b.  This one function combines records both after the allgather and
+   inside the allreduce operation.  The data are combined only while every rank so far is OK
+   and agrees on the fingerprint: then they all have the same c, and the channels the record
+   carries, min(c - ch0, cap), are the same for all. */
+static void combine_records(int kind, int64_t cap, const void *a, const void *b, void *out) {
   const rec_hdr *ha = a, *hb = b;
   rec_hdr h = *ha;
   if (ha->status == 0 && hb->status != 0) {
     h.status = hb->status;
     h.err_rank = hb->err_rank;
   }
-  if (ha->mismatch_rank < 0) h.mismatch_rank = fp_equal(ha, hb) ? hb->mismatch_rank : hb->first_rank;
-  h.count = ha->count + hb->count;
+  if (ha->mismatch_rank < 0) {
+    const uint32_t diff = fp_diff(&ha->fp, &hb->fp);
+    h.mismatch_rank = diff ? hb->first_rank : hb->mismatch_rank;
+    h.fp_diff = diff ? diff : hb->fp_diff;
+  }
+  if (h.fp.layout == LAYOUT_EITHER) h.fp.layout = hb->fp.layout; /* the range's first layout */
+  if (h.status == 0 && __builtin_add_overflow(ha->count, hb->count, &h.count)) {
+    h.status = NORMA_ERR_INVALID_ARGUMENT; /* more values than int64 counts */
+    h.err_rank = hb->first_rank;
+  }
   h.from_y = ha->from_y | hb->from_y;
-  const double *da = rec_cdata(a), *db = rec_cdata(b);
   double *dout = rec_data(out);
-  if (kind == KIND_FWD) {
-    moments_combine(c, ha->count, da, da + c, hb->count, db, db + c, dout, dout + c);
-  } else {
-    for (int64_t i = 0; i < 3 * c; i++) dout[i] = da[i] + db[i];
+  if (h.status == 0 && h.mismatch_rank < 0) {
+    int64_t n = h.fp.c - h.ch0;
+    if (n > cap) n = cap;
+    if (n < 0) n = 0;
+    const double *da = rec_cdata(a), *db = rec_cdata(b);
+    if (kind == KIND_FWD) {
+      moments_combine(n, ha->count, da, da + cap, hb->count, db, db + cap, dout, dout + cap);
+    } else {
+      for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < n; i++) dout[k * cap + i] = da[k * cap + i] + db[k * cap + i];
+    }
   }
   *(rec_hdr *)out = h;
 }
@@ -222,9 +289,9 @@ static void combine_records(int kind, int64_t c, const void *a, const void *b, v
 static void op_apply(int kind, void *in, void *inout, int *len, MPI_Datatype *dt) {
   int sz = 0;
   MPI_Type_size(*dt, &sz);
-  int64_t c = ((int64_t)sz - (int64_t)sizeof(rec_hdr)) / (per_channel[kind] * 8);
+  const int64_t cap = ((int64_t)sz - (int64_t)sizeof(rec_hdr)) / (per_channel[kind] * 8);
   for (int i = 0; i < *len; i++)
-    combine_records(kind, c, (char *)in + (size_t)i * sz, (char *)inout + (size_t)i * sz,
+    combine_records(kind, cap, (char *)in + (size_t)i * sz, (char *)inout + (size_t)i * sz,
                     (char *)inout + (size_t)i * sz);
 }
 static void op_fwd(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -242,8 +309,8 @@ typedef struct comm_state {
   MPI_Comm user;           /* the communicator the attribute hangs on */
   MPI_Comm dup;            /* private duplicate with MPI_ERRORS_RETURN */
   int rank, size;
-  MPI_Datatype type[2];    /* contiguous record type per kind (allreduce path) */
-  int type_bytes[2];
+  MPI_Datatype type[4];    /* contiguous record type per (kind, segment) (allreduce path) */
+  int type_bytes[4];
   void *scratch;           /* grown on demand, reused by every call */
   size_t scratch_bytes;
   struct comm_state *prev, *next;
@@ -258,7 +325,7 @@ static MPI_Op g_op[2] = {MPI_OP_NULL, MPI_OP_NULL};
 static comm_state *g_states;                   /* every live state, for the cleanup */
 
 static void state_free(comm_state *s) {
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 4; k++)
     if (s->type[k] != MPI_DATATYPE_NULL) MPI_Type_free(&s->type[k]);
   if (s->dup != MPI_COMM_NULL) MPI_Comm_free(&s->dup);
   free(s->scratch);
@@ -344,7 +411,7 @@ static norma_status comm_prepare(const char *fn, MPI_Comm comm, comm_state **out
   if (!s) return fail(NORMA_ERR_OUT_OF_MEMORY, "%s: out of memory (communicator state)", fn);
   s->user = comm;
   s->dup = MPI_COMM_NULL;
-  s->type[0] = s->type[1] = MPI_DATATYPE_NULL;
+  for (int k = 0; k < 4; k++) s->type[k] = MPI_DATATYPE_NULL;
   /* Duplicate with errors returned, also from MPI_Comm_dup itself; comm's handler is restored. */
   MPI_Errhandler old;
   rc = MPI_Comm_get_errhandler(comm, &old);
@@ -370,6 +437,7 @@ static norma_status comm_prepare(const char *fn, MPI_Comm comm, comm_state **out
   *out = s;
   return NORMA_OK;
 }
+
 
 /* ------------------------------------------------------------------------------------------ */
 /* The exchange                                                                               */
@@ -400,28 +468,46 @@ static int use_allgather(int mode, int size, size_t rb) {
   return extra == 0 || rb <= ALLGATHER_EXTRA_MAX_BYTES / extra;
 }
 
+/* One collective's buffers: this rank's record, the received ones, the combined one. */
+typedef struct seg_buffers {
+  int64_t ch0, nch, cap; /* channels ch0 .. ch0 + nch - 1, in records with room for cap */
+  size_t rb;             /* record bytes */
+  int gather;            /* MPI_Allgather (else MPI_Allreduce with the rank-order operation) */
+  void *send, *recv, *acc;
+} seg_buffers;
+
 /* Scratch of the call, carved from the state's buffer. */
 typedef struct call_buffers {
-  void *send;      /* this rank's record */
-  void *recv;      /* size records (allgather) or one */
-  void *acc;       /* the combined record (allgather: a separate accumulator; allreduce: recv) */
-  double *work;    /* kind-specific doubles */
-  int64_t *counts; /* c counts */
-  int gather;
+  int nseg;            /* 1, or 2 when c > seg0_channels */
+  seg_buffers seg[2];
+  double *local;       /* per_channel planes of c doubles: this rank's partials */
+  double *global;      /* per_channel planes of c doubles: the combination of all ranks */
+  double *work;        /* kind-specific doubles */
+  int64_t *counts;     /* c counts */
 } call_buffers;
 
+/* c: d->c when usable, else 0 (the rank takes part in segment 0 only, to report its error). */
 static norma_status get_buffers(const char *fn, comm_state *s, int kind, int64_t c,
                                 int64_t work_doubles, int mode, call_buffers *b) {
-  size_t rb = rec_bytes(kind, c);
-  b->gather = use_allgather(mode, s->size, rb);
-  size_t nrecv = b->gather ? (size_t)s->size : 1, recv_bytes;
-  size_t need = rb /* send */ + (b->gather ? rb : 0) + (size_t)work_doubles * sizeof(double) +
-                (size_t)c * sizeof(int64_t);
-  if (__builtin_mul_overflow(nrecv, rb, &recv_bytes) ||
-      __builtin_add_overflow(need, recv_bytes, &need))
+  const int64_t cap0 = seg0_channels(kind);
+  b->nseg = c > cap0 ? 2 : 1;
+  size_t seg_need = 0;
+  for (int k = 0; k < b->nseg; k++) {
+    seg_buffers *g = &b->seg[k];
+    g->ch0 = k ? cap0 : 0;
+    g->cap = k ? c - cap0 : cap0;
+    g->nch = k ? c - cap0 : (c < cap0 ? c : cap0);
+    g->rb = k ? rec_bytes(kind, g->cap) : SEG0_BYTES; /* the same for both directions */
+    g->gather = use_allgather(mode, s->size, g->rb);
+    size_t nrec = 1 + (g->gather ? (size_t)s->size + 1 : 1), bytes;
+    if (__builtin_mul_overflow(nrec, g->rb, &bytes)) bytes = SIZE_MAX;
+    if (bytes > seg_need) seg_need = bytes; /* the segments use the same space in turn */
+  }
+  size_t need = seg_need, planes = (size_t)(2 * per_channel[kind] * c + work_doubles);
+  if (__builtin_add_overflow(need, planes * sizeof(double) + (size_t)c * sizeof(int64_t), &need))
     need = SIZE_MAX; /* cannot be allocated */
   if (need > s->scratch_bytes) {
-    void *p = malloc(need);
+    void *p = need == SIZE_MAX ? NULL : malloc(need);
     if (!p)
       return fail(NORMA_ERR_OUT_OF_MEMORY,
                   "%s: out of memory (%zu bytes of exchange buffers); this rank cannot take part "
@@ -431,87 +517,122 @@ static norma_status get_buffers(const char *fn, comm_state *s, int kind, int64_t
     s->scratch_bytes = need;
   }
   char *p = s->scratch;
-  b->send = p;
-  p += rb;
-  b->recv = p;
-  p += nrecv * rb;
-  if (b->gather) {
-    b->acc = p;
-    p += rb;
-  } else {
-    b->acc = b->recv;
+  for (int k = 0; k < b->nseg; k++) {
+    seg_buffers *g = &b->seg[k];
+    g->send = p;
+    g->recv = p + g->rb;
+    g->acc = g->gather ? p + g->rb * (1 + (size_t)s->size) : g->recv;
   }
-  b->work = (double *)p;
-  p += (size_t)work_doubles * sizeof(double);
-  b->counts = (int64_t *)p;
+  p += seg_need;
+  b->local = (double *)p;
+  b->global = b->local + per_channel[kind] * c;
+  b->work = b->global + per_channel[kind] * c;
+  b->counts = (int64_t *)(b->work + work_doubles);
   return NORMA_OK;
 }
 
-static void record_init(void *rec, int kind, int64_t c, int rank, double eps, uint32_t fp_flags) {
-  rec_hdr *h = rec;
-  memset(h, 0, sizeof *h); /* status 0, count 0, from_y 0 */
+/* The header every rank sends: its status (0 while OK), count, fingerprint. */
+static void header_init(rec_hdr *h, int kind, const norma_bn_desc *d, int rank) {
+  memset(h, 0, sizeof *h);
   h->err_rank = -1;
   h->first_rank = rank;
   h->mismatch_rank = -1;
-  h->c = c;
-  h->eps = eps;
-  h->fp_flags = fp_flags;
-  memset(rec_data(rec), 0, (size_t)(per_channel[kind] * c) * sizeof(double));
+  fp_make(&h->fp, kind, d);
 }
 
-/* A local failure: the record carries the status and no data. */
-static void record_fail(void *rec, int kind, int64_t c, int rank, norma_status st) {
-  rec_hdr *h = rec;
-  h->status = (int32_t)st;
-  h->err_rank = rank;
-  h->count = 0;
-  memset(rec_data(rec), 0, (size_t)(per_channel[kind] * c) * sizeof(double));
+/* A segment's record: the header (with the segment's first channel) and the partials of its
+   channels, from the planes of c doubles (NULL: zeros, a failed rank). */
+static void record_pack(const seg_buffers *g, int kind, const rec_hdr *h, const double *planes,
+                        int64_t c) {
+  rec_hdr *r = g->send;
+  *r = *h;
+  r->ch0 = g->ch0;
+  double *data = rec_data(g->send);
+  memset(data, 0, (size_t)(per_channel[kind] * g->cap) * sizeof(double));
+  if (planes)
+    for (int k = 0; k < per_channel[kind]; k++)
+      memcpy(data + k * g->cap, planes + k * c + g->ch0, (size_t)g->nch * sizeof(double));
 }
 
-/* The one collective.  On success b->acc holds the combined record of all ranks. */
-static norma_status exchange(const char *fn, comm_state *s, int kind, int64_t c,
-                             call_buffers *b) {
-  size_t rb = rec_bytes(kind, c);
-  int rc;
-  if (b->gather) {
-    rc = MPI_Allgather(b->send, (int)rb, MPI_BYTE, b->recv, (int)rb, MPI_BYTE, s->dup);
-    if (rc != MPI_SUCCESS) return fail_mpi(fn, "MPI_Allgather", rc, s->rank, s->size);
-    memcpy(b->acc, b->recv, rb);
-    for (int r = 1; r < s->size; r++)
-      combine_records(kind, c, b->acc, (char *)b->recv + (size_t)r * rb, b->acc);
-    return NORMA_OK;
-  }
-  if (s->type_bytes[kind] != (int)rb) {
-    if (s->type[kind] != MPI_DATATYPE_NULL) MPI_Type_free(&s->type[kind]);
-    s->type_bytes[kind] = 0;
-    rc = MPI_Type_contiguous((int)rb, MPI_BYTE, &s->type[kind]);
-    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&s->type[kind]);
+/* The combined partials of a segment into the planes of c doubles. */
+static void record_unpack(const seg_buffers *g, int kind, double *planes, int64_t c) {
+  const double *data = rec_cdata(g->acc);
+  for (int k = 0; k < per_channel[kind]; k++)
+    memcpy(planes + k * c + g->ch0, data + k * g->cap, (size_t)g->nch * sizeof(double));
+}
+
+/* The record datatype of (kind, segment) for the allreduce, committed once per size. */
+static norma_status record_type(const char *fn, comm_state *s, int slot, size_t rb,
+                                MPI_Datatype *out) {
+  if (s->type_bytes[slot] != (int)rb) {
+    if (s->type[slot] != MPI_DATATYPE_NULL) MPI_Type_free(&s->type[slot]);
+    s->type_bytes[slot] = 0;
+    int rc = MPI_Type_contiguous((int)rb, MPI_BYTE, &s->type[slot]);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&s->type[slot]);
     if (rc != MPI_SUCCESS) {
-      s->type[kind] = MPI_DATATYPE_NULL;
+      s->type[slot] = MPI_DATATYPE_NULL;
       return fail_mpi(fn, "creating the record datatype", rc, s->rank, s->size);
     }
-    s->type_bytes[kind] = (int)rb;
+    s->type_bytes[slot] = (int)rb;
   }
-  rc = MPI_Allreduce(b->send, b->recv, 1, s->type[kind], g_op[kind], s->dup);
+  *out = s->type[slot];
+  return NORMA_OK;
+}
+
+/* One collective.  On success g->acc holds the combined record of all ranks. */
+static norma_status exchange(const char *fn, comm_state *s, int kind, int seg, seg_buffers *g) {
+  int rc;
+  if (g->gather) {
+    rc = MPI_Allgather(g->send, (int)g->rb, MPI_BYTE, g->recv, (int)g->rb, MPI_BYTE, s->dup);
+    if (rc != MPI_SUCCESS) return fail_mpi(fn, "MPI_Allgather", rc, s->rank, s->size);
+    memcpy(g->acc, g->recv, g->rb);
+    for (int r = 1; r < s->size; r++)
+      combine_records(kind, g->cap, g->acc, (char *)g->recv + (size_t)r * g->rb, g->acc);
+    return NORMA_OK;
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  TRY(record_type(fn, s, 2 * kind + seg, g->rb, &type));
+  rc = MPI_Allreduce(g->send, g->recv, 1, type, g_op[kind], s->dup);
   if (rc != MPI_SUCCESS) return fail_mpi(fn, "MPI_Allreduce", rc, s->rank, s->size);
   return NORMA_OK;
 }
 
-/* After the exchange: the verdict every rank reaches from the same combined header. */
+static const char *fp_fields(uint32_t diff, char *buf, size_t n) {
+  static const char *const names[] = {"d->c", "d->eps", "d->dtype", "d->layout", "d->flags",
+                                      "the direction (forward / backward)"};
+  buf[0] = '\0';
+  for (int i = 0; i < 6; i++)
+    if (diff & (1u << i)) {
+      size_t len = strlen(buf);
+      snprintf(buf + len, n - len, "%s%s", len ? ", " : "", names[i]);
+    }
+  return buf;
+}
+
+/* After segment 0: the verdict every rank reaches from the same combined header.  Every rank
+   returns the same status: that of the lowest failing rank (a rank that failed itself keeps
+   its own message), else NORMA_ERR_INVALID_ARGUMENT for a fingerprint mismatch or too few
+   values. */
 static norma_status verdict(const char *fn, const comm_state *s, const rec_hdr *h,
                             norma_status local, int need_two) {
   if (h->status != 0) {
-    if (local != NORMA_OK) return local; /* this rank's own message is already set */
-    return fail((norma_status)h->status,
+    const norma_status st = (norma_status)h->status;
+    if (local != NORMA_OK && h->err_rank == s->rank) return local; /* its message is set */
+    if (local != NORMA_OK)
+      return fail(st, "%s (and rank %d of %d failed first: %s; nothing written)",
+                  mpi_last_error, (int)h->err_rank, s->size, norma_status_string(st));
+    return fail(st,
                 "%s: rank %d of %d failed (%s; its norma_mpi_last_error() has the detail); "
-                "nothing written", fn, (int)h->err_rank, s->size,
-                norma_status_string((norma_status)h->status));
+                "nothing written", fn, (int)h->err_rank, s->size, norma_status_string(st));
   }
-  if (h->mismatch_rank >= 0)
+  if (h->mismatch_rank >= 0) {
+    char fields[160];
     return fail(NORMA_ERR_INVALID_ARGUMENT,
-                "%s: the descriptor of rank %d differs from that of rank 0 in d->c, d->eps, the "
-                "parameter type (f64 or float) or the statistics flags; they must be the same on "
-                "every rank; nothing written", fn, (int)h->mismatch_rank);
+                "%s: the descriptor of rank %d differs from that of rank 0 in %s; d->c, "
+                "d->dtype, d->layout, d->flags and d->eps must be the same on every rank; "
+                "nothing written", fn, (int)h->mismatch_rank,
+                fp_fields(h->fp_diff, fields, sizeof fields));
+  }
   if (need_two && h->count < 2)
     return fail(NORMA_ERR_INVALID_ARGUMENT,
                 "%s: expected more than 1 value per channel when training, got n * spatial = "
@@ -519,21 +640,46 @@ static norma_status verdict(const char *fn, const comm_state *s, const rec_hdr *
   return NORMA_OK;
 }
 
-static norma_status prologue(const char *fn, MPI_Comm comm, const norma_bn_desc *d,
-                             comm_state **s) {
-  TRY(comm_prepare(fn, comm, s));
-  if (!d)
-    return fail(NORMA_ERR_INVALID_ARGUMENT,
-                "%s: d (the descriptor) must not be NULL; it sizes the exchange, so this rank "
-                "could not take part in it", fn);
-  if (d->c <= 0 || d->c > MAX_C)
-    return fail(NORMA_ERR_INVALID_ARGUMENT, "%s: d->c must be in [1, %lld] (got %lld)", fn,
-                (long long)MAX_C, (long long)d->c);
+/* The whole exchange of a call: segment 0 (fixed size) and the verdict, then segment 1 when
+   c > seg0_channels.  `planes` are this rank's partials (NULL when it failed), the result
+   goes to b->global.  On a verdict other than OK, or an MPI failure, returns it. */
+static norma_status exchange_all(const char *fn, comm_state *s, int kind, call_buffers *b,
+                                 const rec_hdr *h, const double *planes, int64_t c,
+                                 norma_status local, int need_two, rec_hdr *combined) {
+  record_pack(&b->seg[0], kind, h, planes, c);
+  TRY(exchange(fn, s, kind, 0, &b->seg[0]));
+  *combined = *(const rec_hdr *)b->seg[0].acc;
+  TRY(verdict(fn, s, combined, local, need_two));
+  /* every rank is OK and has the same c from here on: the segments are the same everywhere */
+  record_unpack(&b->seg[0], kind, b->global, c);
+  if (b->nseg == 2) {
+    record_pack(&b->seg[1], kind, h, planes, c);
+    TRY(exchange(fn, s, kind, 1, &b->seg[1]));
+    record_unpack(&b->seg[1], kind, b->global, c);
+  }
   return NORMA_OK;
 }
 
-static uint32_t fingerprint_flags(const norma_bn_desc *d, unsigned stat_flags) {
-  return (d->dtype == NORMA_F64 ? FP_PARAM_F64 : 0u) | (d->flags & stat_flags);
+/* Steps before the exchange that every call shares: MPI usable and comm an intracommunicator
+   (else a local error: this rank cannot take part), and the c this rank can size its
+   buffers with (0 when d is NULL or d->c out of range: it then reports that in segment 0). */
+static norma_status prologue(const char *fn, MPI_Comm comm, const norma_bn_desc *d,
+                             comm_state **s, int64_t *c, norma_status *local) {
+  TRY(comm_prepare(fn, comm, s));
+  *c = 0;
+  *local = NORMA_OK;
+  if (!d)
+    *local = fail(NORMA_ERR_INVALID_ARGUMENT, "%s: d (the descriptor) must not be NULL", fn);
+  else if (d->c <= 0 || d->c > MAX_C)
+    *local = fail(NORMA_ERR_INVALID_ARGUMENT, "%s: d->c must be in [1, %lld] (got %lld)", fn,
+                  (long long)MAX_C, (long long)d->c);
+  else
+    *c = d->c;
+  if (*local == NORMA_OK && exchange_mode() == EX_BAD)
+    *local = fail(NORMA_ERR_INVALID_ARGUMENT,
+                  "%s: the environment variable NORMA_MPI_EXCHANGE must be auto, allgather or "
+                  "allreduce (got \"%s\")", fn, getenv("NORMA_MPI_EXCHANGE"));
+  return NORMA_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -581,6 +727,7 @@ static norma_status check_forward(const char *fn, const norma_bn_desc *d, const 
   return NORMA_OK;
 }
 
+
 /* The running count of the counted variant (norma_bn_running_update's rules). */
 static norma_status check_running_count(const char *fn, const norma_bn_desc *d,
                                         const void *running_mean, const void *running_var,
@@ -604,54 +751,59 @@ static norma_status forward_mpi(const char *fn, MPI_Comm comm, const norma_bn_de
                                 void *running_mean, void *running_var, double *running_count,
                                 double momentum, int counted) {
   comm_state *s;
-  TRY(prologue(fn, comm, d, &s));
-  const int64_t c = d->c;
-  const int mode = exchange_mode();
+  int64_t c;
+  norma_status local;
+  TRY(prologue(fn, comm, d, &s, &c, &local));
   call_buffers b;
   /* work: mean_out[c], invstd_out[c], the previous contents of the 4 per-channel outputs, and
      the batch variance of the count-weighted update */
-  TRY(get_buffers(fn, s, KIND_FWD, c, 7 * c, mode, &b));
-  norma_bn_desc dl = *d;
-  dl.flags &= ~(unsigned)NORMA_CHECK_FINITE; /* scanned here, before the exchange */
-  const int counting =
-      (d->flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var) && counted;
+  TRY(get_buffers(fn, s, KIND_FWD, c, 7 * c, exchange_mode(), &b));
 
-  /* 1. local moments into the record (or the local error as its status) */
-  record_init(b.send, KIND_FWD, c, s->rank, d->eps,
-              fingerprint_flags(d, NORMA_BN_BIASED_RUNNING_VAR | NORMA_BN_COUNT_WEIGHTED));
-  norma_status local = check_forward(fn, d, x, &residual, gamma, beta, y, save_mean, save_invstd,
-                                     running_mean, running_var, momentum);
-  if (local == NORMA_OK)
-    local = check_running_count(fn, d, running_mean, running_var, running_count, counted);
-  if (local == NORMA_OK && mode == EX_BAD)
-    local = fail(NORMA_ERR_INVALID_ARGUMENT,
-                 "%s: the environment variable NORMA_MPI_EXCHANGE must be auto, allgather or "
-                 "allreduce (got \"%s\")", fn, getenv("NORMA_MPI_EXCHANGE"));
-  if (local == NORMA_OK && d->n > 0) {
-    double *data = rec_data(b.send);
-    local = norma_bn_moments(&dl, x, b.counts, data, data + c);
-    if (local != NORMA_OK) fail_inner(fn, local);
-    else ((rec_hdr *)b.send)->count = b.counts[0];
+  /* 1. local moments (or the local error) */
+  rec_hdr h;
+  header_init(&h, KIND_FWD, d, s->rank);
+  norma_bn_desc dl;
+  int counting = 0;
+  if (local == NORMA_OK) {
+    dl = *d;
+    dl.flags &= ~(unsigned)NORMA_CHECK_FINITE; /* scanned here, before the exchange */
+    local = check_forward(fn, d, x, &residual, gamma, beta, y, save_mean, save_invstd,
+                          running_mean, running_var, momentum);
+    if (local == NORMA_OK)
+      local = check_running_count(fn, d, running_mean, running_var, running_count, counted);
+    counting = (d->flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var) && counted;
   }
-  if (local != NORMA_OK) record_fail(b.send, KIND_FWD, c, s->rank, local);
+  if (local == NORMA_OK && d->n > 0) {
+    local = norma_bn_moments(&dl, x, b.counts, b.local, b.local + c);
+    if (local != NORMA_OK) fail_inner(fn, local);
+    else h.count = b.counts[0];
+  }
+  if (local != NORMA_OK) {
+    h.status = (int32_t)local;
+    h.err_rank = s->rank;
+    h.count = 0;
+  } else if (d->n == 0) {
+    memset(b.local, 0, (size_t)(2 * c) * sizeof(double));
+  }
 
   /* 2. the exchange, and the verdict */
-  TRY(exchange(fn, s, KIND_FWD, c, &b));
-  const rec_hdr *h = b.acc;
-  TRY(verdict(fn, s, h, local, 1));
+  rec_hdr g;
+  TRY(exchange_all(fn, s, KIND_FWD, &b, &h, local == NORMA_OK ? b.local : NULL, c, local, 1,
+                   &g));
 
   /* 3. statistics (in double for y; save_* and running_* written), then y.  y is the only step
         that can still fail (out of memory in the core, before it writes anything); then the
-        per-channel outputs get their previous bytes back, so that nothing is written on error.
-        (Computing the statistics a second time after y instead costs ~6 ns per channel.) */
-  const double *gmean = rec_cdata(b.acc), *gm2 = gmean + c;
+        per-channel outputs (and the running count) get their previous bytes back, so that
+        nothing is written on error.  (Computing the statistics a second time after y instead
+        costs ~6 ns per channel.) */
+  const double *gmean = b.global, *gm2 = b.global + c;
   double *mean_out = b.work, *invstd_out = b.work + c;
   void *outs[4] = {save_mean, save_invstd, running_mean, running_var};
   const size_t pbytes = (size_t)c * norma__param_size(d->dtype);
   for (int k = 0; k < 4; k++)
     if (outs[k]) memcpy(b.work + (2 + k) * c, outs[k], pbytes);
   const double count_before = counting ? *running_count : 0.0;
-  for (int64_t i = 0; i < c; i++) b.counts[i] = h->count;
+  for (int64_t i = 0; i < c; i++) b.counts[i] = g.count;
   norma_status st = norma_bn_stats_from_moments(&dl, b.counts, gmean, gm2, mean_out, invstd_out,
                                                 save_mean, save_invstd,
                                                 counting ? NULL : running_mean,
@@ -660,10 +812,10 @@ static norma_status forward_mpi(const char *fn, MPI_Comm comm, const norma_bn_de
     /* the count-weighted update with the global count (norma_bn_running_update) */
     double *var = b.work + 6 * c;
     for (int64_t i = 0; i < c; i++) {
-      const double v = gm2[i] / (double)h->count;
+      const double v = gm2[i] / (double)g.count;
       var[i] = v < 0.0 ? 0.0 : v;
     }
-    st = norma_bn_running_update(&dl, h->count, gmean, var, running_mean, running_var,
+    st = norma_bn_running_update(&dl, g.count, gmean, var, running_mean, running_var,
                                  running_count, momentum);
   }
   if (st == NORMA_OK && d->n > 0)
@@ -758,6 +910,7 @@ static norma_status check_backward(const char *fn, const norma_bn_desc *d, const
   return NORMA_OK;
 }
 
+
 norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const void *x,
                                    const void *y, const void *dy, const void *gamma,
                                    const void *beta, const void *save_mean,
@@ -765,25 +918,26 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
                                    void *dgamma, void *dbeta) {
   static const char fn[] = "norma_bn_backward_mpi";
   comm_state *s;
-  TRY(prologue(fn, comm, d, &s));
-  const int64_t c = d->c;
-  const int mode = exchange_mode();
-  const int global_stats = (d->flags & NORMA_BN_GLOBAL_STATS) != 0;
+  int64_t c;
+  norma_status local;
+  TRY(prologue(fn, comm, d, &s, &c, &local));
   call_buffers b;
-  /* work: mean[c], invstd[c] in double */
-  TRY(get_buffers(fn, s, KIND_BWD, c, 3 * c, mode, &b));
-  norma_bn_desc dl = *d;
-  dl.flags &= ~(unsigned)NORMA_CHECK_FINITE;
+  /* work: mean[c], invstd[c] in double, the corrections sx[c] */
+  TRY(get_buffers(fn, s, KIND_BWD, c, 3 * c, exchange_mode(), &b));
+  const int global_stats = d && (d->flags & NORMA_BN_GLOBAL_STATS) != 0;
 
-  /* 1. local sums into the record */
-  record_init(b.send, KIND_BWD, c, s->rank, 0.0, fingerprint_flags(d, NORMA_BN_GLOBAL_STATS));
-  norma_status local = check_backward(fn, d, &x, &y, dy, gamma, beta, save_mean, save_invstd, dx,
-                                      &dresidual, dgamma, dbeta);
-  if (local == NORMA_OK && mode == EX_BAD)
-    local = fail(NORMA_ERR_INVALID_ARGUMENT,
-                 "%s: the environment variable NORMA_MPI_EXCHANGE must be auto, allgather or "
-                 "allreduce (got \"%s\")", fn, getenv("NORMA_MPI_EXCHANGE"));
+  /* 1. local sums */
+  rec_hdr h;
+  header_init(&h, KIND_BWD, d, s->rank);
+  norma_bn_desc dl;
+  if (local == NORMA_OK) {
+    dl = *d;
+    dl.flags &= ~(unsigned)NORMA_CHECK_FINITE;
+    local = check_backward(fn, d, &x, &y, dy, gamma, beta, save_mean, save_invstd, dx,
+                           &dresidual, dgamma, dbeta);
+  }
   const double *mean = NULL, *invstd = NULL;
+  memset(b.local, 0, (size_t)(3 * c) * sizeof(double));
   if (local == NORMA_OK && d->n > 0) {
     if (d->dtype == NORMA_F64) {
       mean = save_mean;
@@ -800,37 +954,39 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
     /* sum_xhat measures the rounding of save_mean in x_hat = (x - save_mean) * invstd; an
        x_hat recovered from y has no such offset (y was made with the mean in double), so a
        rank without x sends none and flags it */
-    double *data = rec_data(b.send);
-    local = norma_bn_backward_reduce(&dl, x, y, dy, gamma, beta, mean, invstd, data, data + c,
-                                     x ? data + 2 * c : NULL);
+    local = norma_bn_backward_reduce(&dl, x, y, dy, gamma, beta, mean, invstd, b.local,
+                                     b.local + c, x ? b.local + 2 * c : NULL);
     if (local != NORMA_OK) fail_inner(fn, local);
     else {
-      ((rec_hdr *)b.send)->count = d->n * d->spatial;
-      ((rec_hdr *)b.send)->from_y = x == NULL;
+      h.count = d->n * d->spatial;
+      h.from_y = x == NULL;
     }
   }
-  if (local != NORMA_OK) record_fail(b.send, KIND_BWD, c, s->rank, local);
+  if (local != NORMA_OK) {
+    h.status = (int32_t)local;
+    h.err_rank = s->rank;
+    h.count = 0;
+    h.from_y = 0;
+  }
 
   /* 2. the exchange, and the verdict */
-  TRY(exchange(fn, s, KIND_BWD, c, &b));
-  const rec_hdr *h = b.acc;
-  TRY(verdict(fn, s, h, local, !global_stats));
+  rec_hdr g;
+  TRY(exchange_all(fn, s, KIND_BWD, &b, &h, local == NORMA_OK ? b.local : NULL, c, local,
+                   !global_stats, &g));
 
   /* 3. dx (the step that could still fail), then dgamma / dbeta.  The rounding correction
         (sum_xhat) applies when every rank with data passed x, as in norma_bn_backward; not
         with GLOBAL_STATS (the mean is a constant, not the batch mean), nor when some rank
         recovered x_hat from y (the offset is then not the same on every rank: uncorrected, as
         PyTorch computes it; the same on every rank). */
-  const double *sdy = rec_cdata(b.acc), *sdyx = sdy + c;
-  const int64_t count = h->count >= 1 ? h->count : 1; /* 0 only with GLOBAL_STATS: sums are 0 */
+  const double *sdy = b.global, *sdyx = b.global + c, *gsx = b.global + 2 * c;
+  const int64_t count = g.count >= 1 ? g.count : 1; /* 0 only with GLOBAL_STATS: sums are 0 */
   /* norma_bn_backward's rule, channel by channel: an offset |sum_xhat / count| above 1/16 is
      not rounding but caller-supplied statistics, used as given */
   double *sx = NULL;
-  if (!global_stats && !h->from_y) {
+  if (!global_stats && !g.from_y) {
     sx = b.work + 2 * c;
-    for (int64_t j = 0; j < c; j++) {
-      sx[j] = bn_xhat_offset(sdy[2 * c + j], (double)count) != 0.0 ? sdy[2 * c + j] : 0.0;
-    }
+    for (int64_t j = 0; j < c; j++) sx[j] = bn_xhat_offset(gsx[j], (double)count) != 0.0 ? gsx[j] : 0.0;
   }
   norma_status st;
   if (d->n > 0) {

@@ -70,11 +70,11 @@ def global_batch(n, c, spatial, seed, dtype=torch.float32):
 
 
 def my_format(t):
-    """Odd ranks use channels_last (4-D / 5-D): layouts may differ between ranks."""
-    if RANK % 2 == 1 and t.dim() == 4:
+    """4-D inputs channels_last, 5-D channels-first, on every rank: libnorma_mpi requires the
+    same layout on every rank whose tensor has data (norma_mpi.h; a rank whose batch is empty
+    matches any)."""
+    if t.dim() == 4:
         return t.contiguous(memory_format=torch.channels_last)
-    if RANK % 2 == 1 and t.dim() == 5:
-        return t.contiguous(memory_format=torch.channels_last_3d)
     return t.contiguous()
 
 

@@ -141,3 +141,87 @@ def test_peers_on_a_tiny_shape(tmp_path):
                 assert c["speedup"][p] > 0
     for g in doc["summary"]["groups"]:
         assert set(g["geomean_speedup"]) == set(ran)
+
+
+def test_list_norm_family_and_fewc_suites():
+    """The suites of the norm family and fewc, as the workers receive them (no worker runs)."""
+    r = _run(["--suite", "norms", "--list"])
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.split("\n") if x]
+    for want in ("ln_fwd rows f32 8,128,768", "ln_res_bwd rows f32 32,512,1024",
+                 "ln_res_fwd rows f32 8,1024,1280", "rms_bwd rows f32 4,2048,5120",
+                 "gn_silu_bwd nhwc f32 2,320,64,64 groups=32", "gn_fwd nchw f32 2,1280,8,8 groups=32",
+                 "in_bwd nhwc f32 4,32,256,256", "in_fwd nchw f32 1,128,64,64"):
+        assert want in lines, want
+    ops = {x.split()[0] for x in lines}
+    assert ops == {"ln_fwd", "ln_bwd", "ln_res_fwd", "ln_res_bwd", "rms_fwd", "rms_bwd",
+                   "gn_fwd", "gn_bwd", "gn_silu_fwd", "gn_silu_bwd", "in_fwd", "in_bwd"}
+    r = _run(["--suite", "fewc", "--list"])
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.split("\n") if x]
+    assert len(lines) == 6 * 2 * 2 * 3  # C x layouts x dtypes x (fwd, infer, bwd)
+    assert "bwd nhwc f16 16,3,1182,1182 reps=5 warmup=1" in lines
+    for x in lines:
+        n, c, h, w = map(int, x.split()[3].split(","))
+        assert abs(n * c * h * w - 2 ** 26) < 2 ** 26 * 0.002
+    r = _run(["--suite", "gn_sd", "--ops", "relu", "--list"])  # no such op for GroupNorm
+    assert r.returncode != 0 and "applies to none" in r.stderr
+    r = _run(["--isa", "avx9", "--list"])
+    assert r.returncode != 0 and "unknown ISA" in r.stderr
+
+
+def test_quick_norm_family_fewc_isa(tmp_path):
+    """--quick of every new suite with the peers and two ISA caps side by side: every case of
+    norma runs, each norma column says the ISA it ran, the peers answer or say n/a where they
+    have no such operator, and the summary names the worst case against the faster peer."""
+    js = tmp_path / "n.json"
+    r = _run(["--suite", "norms,fewc", "--quick", "--isa", "avx2,scalar", "--reps", "1",
+              "--warmup", "0", "--probe-mb", "16", "--settle-ms", "0", "--threads", "2",
+              "--no-files", "--json", str(js)], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(js.read_text())
+    nlibs = ["norma:avx2", "norma:scalar"]
+    assert doc["libs"][:2] == nlibs and doc["norma_libs"] == nlibs
+    ran = [p for p in ("torch", "dnnl") if doc["peers"].get(p, {}).get("available")]
+    assert doc["libs"][2:] == ran
+    isa = {nl: doc["norma_variants"][nl]["isa"] for nl in nlibs}
+    assert isa["norma:scalar"] == "scalar"
+    assert doc["norma_variants"]["norma:avx2"]["max_isa"] == "avx2"
+    ops = set()
+    for c in doc["cases"]:
+        ops.add(c["op"])
+        for nl in nlibs:
+            res = c["results"][nl]
+            assert res["status"] == "ok", (c["op"], c["shape"], res)
+            assert res["isa"] == isa[nl]
+        fam, direction = c["family"], c["op"].rsplit("_", 1)[-1]
+        t = c["bytes_min"] // (4 if c["dtype"] == "f32" else 2)
+        elems = 1
+        for d in c["shape"]:
+            elems *= d
+        if c["op"] in ("ln_res_fwd", "ln_res_bwd"):
+            assert t == 4 * elems
+        elif direction == "bwd":
+            assert t == 3 * elems
+        else:
+            assert t == 2 * elems
+        for p in ran:
+            res = c["results"][p]
+            na = (p == "dnnl" and (fam in ("rms", "gn") or c["dtype"] == "f16")) or \
+                 (p == "torch" and c["dtype"] == "f16")
+            assert res["status"] == ("n/a" if na else "ok"), (p, c["op"], c["dtype"], res)
+    assert ops == {"ln_fwd", "ln_bwd", "ln_res_fwd", "ln_res_bwd", "rms_fwd", "rms_bwd",
+                   "gn_fwd", "gn_bwd", "gn_silu_fwd", "gn_silu_bwd", "in_fwd", "in_bwd",
+                   "fwd", "infer", "bwd"}
+    assert {c["layout"] for c in doc["cases"] if c["family"] == "gn"} == {"nchw", "nhwc"}
+    assert {c["dtype"] for c in doc["cases"] if c["family"] == "bn"} == {"f32", "f16"}
+    for g in doc["summary"]["groups"]:
+        assert set(g["by_norma"]) == set(nlibs)
+        if ran and g["dtype"] == "f32":
+            w = g["by_norma"]["norma:scalar"]["worst_vs_best"]
+            assert w and w["peer"] in ran and w["speedup"] > 0 and w["shape"]
+    assert "worst vs best" in r.stdout and "norma scalar" in r.stdout
+    # the saved run prints again
+    r2 = _run(["--report", str(js), "--no-files"])
+    assert r2.returncode == 0, r2.stderr
+    assert "worst vs best" in r2.stdout

@@ -21,36 +21,77 @@ static int set_err(char *err, size_t errlen, const char *fmt, ...) {
   return 1;
 }
 
+static int parse_count(const char *v, int64_t lo, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || errno || x < lo) return 1;
+  *out = x;
+  return 0;
+}
+
 int bench_parse_case(const char *text, bench_case *k, char *err, size_t errlen) {
   char op[32], layout[16], dtype[16], dims[128];
+  int used = 0;
   memset(k, 0, sizeof *k);
-  if (sscanf(text, " %31s %15s %15s %127s", op, layout, dtype, dims) != 4)
+  k->reps = k->warmup = -1;
+  if (sscanf(text, " %31s %15s %15s %127s%n", op, layout, dtype, dims, &used) != 4)
     return set_err(err, errlen, "case '%s': expected '<op> <layout> <dtype> N,C[,H[,W]]'", text);
 
-  static const struct { const char *name; bench_dir dir; bench_act act; } ops[] = {
-    {"fwd", BENCH_FWD, BENCH_ACT_NONE},          {"infer", BENCH_INFER, BENCH_ACT_NONE},
-    {"bwd", BENCH_BWD, BENCH_ACT_NONE},          {"relu_fwd", BENCH_FWD, BENCH_ACT_RELU},
-    {"relu_infer", BENCH_INFER, BENCH_ACT_RELU}, {"relu_bwd", BENCH_BWD, BENCH_ACT_RELU},
-    {"add_relu_fwd", BENCH_FWD, BENCH_ACT_ADD_RELU},
-    {"add_relu_infer", BENCH_INFER, BENCH_ACT_ADD_RELU},
-    {"add_relu_bwd", BENCH_BWD, BENCH_ACT_ADD_RELU},
+  static const struct {
+    const char *name;
+    bench_family fam;
+    bench_dir dir;
+    bench_act act;
+    int res;
+  } ops[] = {
+    {"fwd", BENCH_BN, BENCH_FWD, BENCH_ACT_NONE, 0},
+    {"infer", BENCH_BN, BENCH_INFER, BENCH_ACT_NONE, 0},
+    {"bwd", BENCH_BN, BENCH_BWD, BENCH_ACT_NONE, 0},
+    {"relu_fwd", BENCH_BN, BENCH_FWD, BENCH_ACT_RELU, 0},
+    {"relu_infer", BENCH_BN, BENCH_INFER, BENCH_ACT_RELU, 0},
+    {"relu_bwd", BENCH_BN, BENCH_BWD, BENCH_ACT_RELU, 0},
+    {"add_relu_fwd", BENCH_BN, BENCH_FWD, BENCH_ACT_ADD_RELU, 0},
+    {"add_relu_infer", BENCH_BN, BENCH_INFER, BENCH_ACT_ADD_RELU, 0},
+    {"add_relu_bwd", BENCH_BN, BENCH_BWD, BENCH_ACT_ADD_RELU, 0},
+    {"ln_fwd", BENCH_LN, BENCH_FWD, BENCH_ACT_NONE, 0},
+    {"ln_bwd", BENCH_LN, BENCH_BWD, BENCH_ACT_NONE, 0},
+    {"ln_res_fwd", BENCH_LN, BENCH_FWD, BENCH_ACT_NONE, 1},
+    {"ln_res_bwd", BENCH_LN, BENCH_BWD, BENCH_ACT_NONE, 1},
+    {"rms_fwd", BENCH_RMS, BENCH_FWD, BENCH_ACT_NONE, 0},
+    {"rms_bwd", BENCH_RMS, BENCH_BWD, BENCH_ACT_NONE, 0},
+    {"gn_fwd", BENCH_GN, BENCH_FWD, BENCH_ACT_NONE, 0},
+    {"gn_bwd", BENCH_GN, BENCH_BWD, BENCH_ACT_NONE, 0},
+    {"gn_silu_fwd", BENCH_GN, BENCH_FWD, BENCH_ACT_SILU, 0},
+    {"gn_silu_bwd", BENCH_GN, BENCH_BWD, BENCH_ACT_SILU, 0},
+    {"in_fwd", BENCH_IN, BENCH_FWD, BENCH_ACT_NONE, 0},
+    {"in_bwd", BENCH_IN, BENCH_BWD, BENCH_ACT_NONE, 0},
   };
   size_t i;
   for (i = 0; i < sizeof ops / sizeof ops[0]; ++i)
     if (strcmp(op, ops[i].name) == 0) break;
   if (i == sizeof ops / sizeof ops[0]) return set_err(err, errlen, "unknown op '%s'", op);
   snprintf(k->op, sizeof k->op, "%s", op);
+  k->family = ops[i].fam;
   k->dir = ops[i].dir;
   k->act = ops[i].act;
+  k->residual = ops[i].res;
+  const int rowwise = k->family == BENCH_LN || k->family == BENCH_RMS;
 
   if (strcmp(layout, "nchw") == 0) k->layout = BENCH_NCHW;
   else if (strcmp(layout, "nhwc") == 0) k->layout = BENCH_NHWC;
   else if (strcmp(layout, "nc") == 0) k->layout = BENCH_NC;
-  else return set_err(err, errlen, "unknown layout '%s' (nchw, nhwc, nc)", layout);
+  else if (strcmp(layout, "rows") == 0) k->layout = BENCH_ROWS;
+  else return set_err(err, errlen, "unknown layout '%s' (nchw, nhwc, nc, rows)", layout);
+  if (rowwise != (k->layout == BENCH_ROWS))
+    return set_err(err, errlen, rowwise ? "op '%s' takes layout 'rows'"
+                                        : "layout 'rows' is for LayerNorm / RMSNorm ops, not '%s'",
+                   op);
 
   if (strcmp(dtype, "f32") == 0) k->dtype = BENCH_F32;
   else if (strcmp(dtype, "bf16") == 0) k->dtype = BENCH_BF16;
-  else return set_err(err, errlen, "unknown dtype '%s' (f32, bf16)", dtype);
+  else if (strcmp(dtype, "f16") == 0) k->dtype = BENCH_F16;
+  else return set_err(err, errlen, "unknown dtype '%s' (f32, bf16, f16)", dtype);
 
   int64_t d[4] = {1, 1, 1, 1};
   int nd = 0;
@@ -66,12 +107,57 @@ int bench_parse_case(const char *text, bench_case *k, char *err, size_t errlen) 
     if (*p == ',' || *p == 'x') ++p;
     else if (*p) return set_err(err, errlen, "shape '%s': bad separator", dims);
   }
-  if (nd < 2) return set_err(err, errlen, "shape '%s': need at least N,C", dims);
-  k->n = d[0]; k->c = d[1]; k->h = d[2]; k->w = d[3];
-  k->ndim = nd <= 2 ? 2 : 4;
-  if (k->ndim == 2 && k->layout != BENCH_NC) k->layout = BENCH_NC; /* [N, C]: one layout */
-  if (k->ndim == 4 && k->layout == BENCH_NC)
-    return set_err(err, errlen, "layout nc needs a 2-D shape N,C");
+  if (nd < 2) return set_err(err, errlen, "shape '%s': need at least 2 dimensions", dims);
+  k->rank = nd;
+  memcpy(k->dims, d, sizeof d);
+  if (rowwise) {
+    /* [..., D]: every dimension but the last is a row */
+    k->n = 1;
+    for (int j = 0; j < nd - 1; ++j) k->n *= d[j];
+    k->c = d[nd - 1];
+    k->h = k->w = 1;
+    k->ndim = nd;
+  } else {
+    k->n = d[0]; k->c = d[1]; k->h = d[2]; k->w = d[3];
+    k->ndim = nd <= 2 ? 2 : 4;
+    if (k->family == BENCH_BN) {
+      if (k->ndim == 2 && k->layout != BENCH_NC) k->layout = BENCH_NC; /* [N, C]: one layout */
+      if (k->ndim == 4 && k->layout == BENCH_NC)
+        return set_err(err, errlen, "layout nc needs a 2-D shape N,C");
+    } else if (k->ndim != 4 || k->layout == BENCH_NC) {
+      return set_err(err, errlen, "op '%s' needs N,C,H[,W] and layout nchw or nhwc", op);
+    }
+  }
+  if (k->family == BENCH_GN) k->groups = 32;
+  if (k->family == BENCH_IN) k->groups = k->c;
+
+  /* key=value options */
+  const char *q = text + used;
+  char tok[64];
+  int tl = 0;
+  while (sscanf(q, " %63s%n", tok, &tl) == 1) {
+    q += tl;
+    char *eq = strchr(tok, '=');
+    int64_t v;
+    if (!eq) return set_err(err, errlen, "case '%s': unexpected '%s' (key=value)", text, tok);
+    *eq = 0;
+    if (strcmp(tok, "groups") == 0) {
+      if (parse_count(eq + 1, 1, &v)) return set_err(err, errlen, "groups must be >= 1");
+      if (k->family != BENCH_GN) return set_err(err, errlen, "groups= is for GroupNorm ops");
+      k->groups = v;
+    } else if (strcmp(tok, "reps") == 0) {
+      if (parse_count(eq + 1, 1, &v) || v > 1000000) return set_err(err, errlen, "reps must be >= 1");
+      k->reps = (int)v;
+    } else if (strcmp(tok, "warmup") == 0) {
+      if (parse_count(eq + 1, 0, &v) || v > 1000000) return set_err(err, errlen, "warmup must be >= 0");
+      k->warmup = (int)v;
+    } else {
+      return set_err(err, errlen, "case '%s': unknown key '%s' (groups, reps, warmup)", text, tok);
+    }
+  }
+  if (k->family == BENCH_GN && k->c % k->groups != 0)
+    return set_err(err, errlen, "groups (%lld) must divide C (%lld)", (long long)k->groups,
+                   (long long)k->c);
   return 0;
 }
 
@@ -96,6 +182,27 @@ uint16_t bench_f32_to_bf16(float f) {
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+uint16_t bench_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: Inf */
+  if (a < 0x38800000u) {                                    /* below 2^-14: subnormal or 0 */
+    if (a < 0x33000000u) return (uint16_t)sign;             /* below 2^-25 (2^-25 ties to 0) */
+    const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, sh = 126 - e;
+    uint32_t r = m >> sh;
+    const uint32_t rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return (uint16_t)(sign | r);
+  }
+  const uint32_t r = a - 0x38000000u; /* exponent rebiased from 127 to 15 */
+  uint32_t h = r >> 13;
+  const uint32_t rem = r & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return (uint16_t)(sign | h);
 }
 
 static inline uint64_t splitmix64(uint64_t *s) {
@@ -144,10 +251,12 @@ void bench_fill(void *p, int64_t count, bench_dtype dtype, uint64_t seed, float 
   uint16_t *q = (uint16_t *)p;
   if (tmp) {
     fill_block_f32(tmp, m, seed, lo, hi);
-    for (int64_t i = 0; i < m; ++i) q[i] = bench_f32_to_bf16(tmp[i]);
+    for (int64_t i = 0; i < m; ++i)
+      q[i] = dtype == BENCH_F16 ? bench_f32_to_f16(tmp[i]) : bench_f32_to_bf16(tmp[i]);
     free(tmp);
   } else {
-    for (int64_t i = 0; i < m; ++i) q[i] = bench_f32_to_bf16(lo);
+    for (int64_t i = 0; i < m; ++i)
+      q[i] = dtype == BENCH_F16 ? bench_f32_to_f16(lo) : bench_f32_to_bf16(lo);
   }
   if (count > FILL_BLOCK) tile(p, count, sizeof(uint16_t));
 }
@@ -167,15 +276,29 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Time budget of one case (--budget-s; 0: none): warm-ups stop once they have taken a quarter
+   of it (at least one runs), timed runs once they have taken all of it (at least one runs),
+   so that a pathologically slow case does not hold the benchmark for minutes.  The result
+   says how many runs were made. */
+static double g_budget_ms = 0.0;
+
 int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t, char *err,
                size_t errlen) {
+  double spent = 0.0;
+  int warm = 0;
   for (int i = 0; i < warmup; ++i) {
+    double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
+    spent += now_ms() - t0;
     if (rc) return rc;
+    ++warm;
+    if (g_budget_ms > 0.0 && spent > 0.25 * g_budget_ms) break;
   }
   if (reps < 1) reps = 1;
   double *ms = (double *)malloc(sizeof(double) * (size_t)reps);
   if (!ms) return set_err(err, errlen, "out of memory");
+  int done = 0;
+  spent = 0.0;
   for (int i = 0; i < reps; ++i) {
     double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
@@ -184,14 +307,16 @@ int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t
       free(ms);
       return rc;
     }
-    ms[i] = t1 - t0;
+    ms[done++] = t1 - t0;
+    spent += t1 - t0;
+    if (g_budget_ms > 0.0 && spent > g_budget_ms) break;
   }
-  qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+  qsort(ms, (size_t)done, sizeof(double), cmp_double);
   t->min_ms = ms[0];
-  t->max_ms = ms[reps - 1];
-  t->median_ms = (reps % 2) ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
-  t->reps = reps;
-  t->warmup = warmup;
+  t->max_ms = ms[done - 1];
+  t->median_ms = (done % 2) ? ms[done / 2] : 0.5 * (ms[done / 2 - 1] + ms[done / 2]);
+  t->reps = done;
+  t->warmup = warm;
   free(ms);
   return 0;
 }
@@ -213,17 +338,24 @@ void bench_json_string(FILE *f, const char *s) {
 }
 
 static const char *layout_name(bench_layout l) {
-  return l == BENCH_NCHW ? "nchw" : l == BENCH_NHWC ? "nhwc" : "nc";
+  return l == BENCH_NCHW ? "nchw" : l == BENCH_NHWC ? "nhwc" : l == BENCH_ROWS ? "rows" : "nc";
 }
 
 static void print_case_head(FILE *f, const char *lib, const bench_case *k) {
   fprintf(f, "{\"type\":\"result\",\"lib\":");
   bench_json_string(f, lib);
   fprintf(f, ",\"op\":\"%s\",\"layout\":\"%s\",\"dtype\":\"%s\",\"shape\":[", k->op,
-          layout_name(k->layout), k->dtype == BENCH_F32 ? "f32" : "bf16");
-  if (k->ndim == 2) fprintf(f, "%lld,%lld]", (long long)k->n, (long long)k->c);
-  else fprintf(f, "%lld,%lld,%lld,%lld]", (long long)k->n, (long long)k->c, (long long)k->h,
-               (long long)k->w);
+          layout_name(k->layout), bench_dtype_name(k->dtype));
+  if (k->layout == BENCH_ROWS) {
+    for (int j = 0; j < k->rank; ++j) fprintf(f, "%s%lld", j ? "," : "", (long long)k->dims[j]);
+    fputc(']', f);
+  } else if (k->ndim == 2) {
+    fprintf(f, "%lld,%lld]", (long long)k->n, (long long)k->c);
+  } else {
+    fprintf(f, "%lld,%lld,%lld,%lld]", (long long)k->n, (long long)k->c, (long long)k->h,
+            (long long)k->w);
+  }
+  if (k->family == BENCH_GN) fprintf(f, ",\"groups\":%lld", (long long)k->groups);
 }
 
 static void run_one(const bench_worker *w, const char *text, int warmup, int reps) {
@@ -242,6 +374,8 @@ static void run_one(const bench_worker *w, const char *text, int warmup, int rep
   }
   bench_timing t;
   memset(&t, 0, sizeof t);
+  if (k.warmup >= 0) warmup = k.warmup;
+  if (k.reps >= 1) reps = k.reps;
   bench_status st = w->run_case(&k, warmup, reps, &t, impl, sizeof impl, extra, sizeof extra,
                                 err, sizeof err);
   print_case_head(stdout, w->lib, &k);
@@ -265,12 +399,19 @@ static void run_one(const bench_worker *w, const char *text, int warmup, int rep
 
 static void usage(FILE *f, const char *argv0) {
   fprintf(f,
-          "usage: %s [--threads N] [--warmup W] [--reps R] [--info] [--probe [--probe-mb MB]\n"
-          "          [--probe-passes P]] [--case 'OP LAYOUT DTYPE N,C[,H,W]']... [--stdin]\n"
+          "usage: %s [--threads N] [--warmup W] [--reps R] [--budget-s S] [--max-isa ISA]\n"
+          "          [--info]\n"
+          "          [--probe [--probe-mb MB] [--probe-passes P]]\n"
+          "          [--case 'OP LAYOUT DTYPE DIMS [key=value]...']... [--stdin]\n"
           "A norma-bench worker: prints one JSON line per case (see tools/norma-bench).\n"
           "  OP      fwd infer bwd relu_fwd relu_infer relu_bwd add_relu_fwd add_relu_infer\n"
-          "          add_relu_bwd\n"
-          "  LAYOUT  nchw nhwc nc      DTYPE f32 bf16\n"
+          "          add_relu_bwd ln_fwd ln_bwd ln_res_fwd ln_res_bwd rms_fwd rms_bwd gn_fwd\n"
+          "          gn_bwd gn_silu_fwd gn_silu_bwd in_fwd in_bwd\n"
+          "  LAYOUT  nchw nhwc nc rows      DTYPE f32 bf16 f16\n"
+          "  keys    groups=G (GroupNorm, default 32), reps=R, warmup=W (this case)\n"
+          "  --max-isa caps the library's instruction set (norma: scalar, avx2, avx512)\n"
+          "  --budget-s: a case's warm-ups stop after S/4 seconds, its timed runs after S\n"
+          "          (at least one of each; 0: no limit)\n"
           "  --stdin reads one case per line from stdin until EOF or 'quit'.\n",
           argv0);
 }
@@ -285,7 +426,8 @@ static int parse_int(const char *s, int lo, int *out) {
 
 int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   int threads = 0, warmup = 3, reps = 10, info = 0, probe = 0, use_stdin = 0;
-  int probe_mb = 256, probe_passes = 5;
+  int probe_mb = 256, probe_passes = 5, budget_s = 0;
+  const char *max_isa = NULL;
   /* first pass: options; cases run after in order */
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -296,10 +438,19 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
     else if (strcmp(a, "--reps") == 0) { target = &reps; lo = 1; }
     else if (strcmp(a, "--probe-mb") == 0) { target = &probe_mb; lo = 1; }
     else if (strcmp(a, "--probe-passes") == 0) { target = &probe_passes; lo = 1; }
+    else if (strcmp(a, "--budget-s") == 0) { target = &budget_s; lo = 0; }
     else if (strcmp(a, "--info") == 0) { info = 1; continue; }
     else if (strcmp(a, "--probe") == 0) { probe = 1; continue; }
     else if (strcmp(a, "--stdin") == 0) { use_stdin = 1; continue; }
-    else if (strcmp(a, "--case") == 0) {
+    else if (strcmp(a, "--max-isa") == 0) {
+      if (i + 1 >= argc || !w->set_max_isa) {
+        fprintf(stderr, "%s: --max-isa %s\n", argv[0],
+                w->set_max_isa ? "needs a value" : "is not supported by this worker");
+        return 2;
+      }
+      max_isa = argv[++i];
+      continue;
+    } else if (strcmp(a, "--case") == 0) {
       if (i + 1 >= argc) { usage(stderr, argv[0]); return 2; }
       ++i;
       continue;
@@ -318,6 +469,14 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
     ++i;
   }
   if (threads > 0) w->set_threads(threads);
+  g_budget_ms = 1e3 * budget_s;
+  if (max_isa) {
+    char err[256] = "";
+    if (w->set_max_isa(max_isa, err, sizeof err)) {
+      fprintf(stderr, "%s: --max-isa %s: %s\n", argv[0], max_isa, err);
+      return 2;
+    }
+  }
 
   if (info) {
     printf("{\"type\":\"info\",\"lib\":");
@@ -344,7 +503,7 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   for (int i = 1; i < argc; ++i)
     if (strcmp(argv[i], "--case") == 0) run_one(w, argv[++i], warmup, reps);
   if (use_stdin) {
-    char line[1024];
+    char line[2048];
     while (fgets(line, sizeof line, stdin)) {
       char *p = line;
       while (*p == ' ' || *p == '\t') ++p;

@@ -1,6 +1,8 @@
-/* worker_norma.c - norma-bench-norma: times libnorma's BatchNorm on the cases it is given
-   (see worker_common.h for the case syntax and the methodology), and runs the bandwidth probe
-   with --probe. */
+/* worker_norma.c - norma-bench-norma: times libnorma's BatchNorm and the norm family
+   (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) on the cases it is given (see worker_common.h
+   for the case syntax and the methodology), and runs the bandwidth probe with --probe.
+   --max-isa caps the library's instruction set (norma_set_max_isa); every result says which
+   one ran ("isa"). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,9 +53,151 @@ static void ctx_free(norma_ctx *c) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) bench_free(bufs[i]);
 }
 
+static norma_dtype to_norma_dtype(bench_dtype t) {
+  return t == BENCH_BF16 ? NORMA_BF16 : t == BENCH_F16 ? NORMA_F16 : NORMA_F32;
+}
+
+static const char *impl_name(void) {
+  return norma_get_use_reference() ? "reference" : norma_isa_name(norma_get_isa());
+}
+
+/* ---- the norm family ------------------------------------------------------------------- */
+
+typedef struct fam_ctx {
+  const bench_case *k;
+  norma_ln_desc ld;
+  norma_gn_desc gd;
+  norma_in_desc id;
+  void *x, *y, *res, *sum, *dy, *dx, *dsum;
+  float *gamma, *beta, *save_mean, *save_invstd, *dgamma, *dbeta;
+} fam_ctx;
+
+static int fam_fwd(void *p, char *err, size_t errlen) {
+  fam_ctx *c = (fam_ctx *)p;
+  norma_status s;
+  switch (c->k->family) {
+    case BENCH_LN:
+      s = norma_ln_forward(&c->ld, c->x, c->res, c->gamma, c->beta, c->y, c->sum, c->save_mean,
+                           c->save_invstd);
+      break;
+    case BENCH_RMS:
+      s = norma_rms_forward(&c->ld, c->x, c->res, c->gamma, c->y, c->sum, c->save_invstd);
+      break;
+    case BENCH_GN:
+      s = norma_gn_forward(&c->gd, c->x, c->gamma, c->beta, c->y, c->save_mean, c->save_invstd);
+      break;
+    default:
+      s = norma_in_forward_training(&c->id, c->x, c->gamma, c->beta, c->y, c->save_mean,
+                                    c->save_invstd, NULL, NULL, 0.1);
+      break;
+  }
+  return check(s, err, errlen);
+}
+
+static int fam_bwd(void *p, char *err, size_t errlen) {
+  fam_ctx *c = (fam_ctx *)p;
+  /* the input of the normalization: h (written by the forward) with a residual, else x */
+  const void *xin = c->k->residual ? c->sum : c->x;
+  norma_status s;
+  switch (c->k->family) {
+    case BENCH_LN:
+      s = norma_ln_backward(&c->ld, xin, c->dy, c->dsum, c->gamma, c->save_mean, c->save_invstd,
+                            c->dx, c->dgamma, c->dbeta);
+      break;
+    case BENCH_RMS:
+      s = norma_rms_backward(&c->ld, xin, c->dy, c->dsum, c->gamma, c->save_invstd, c->dx,
+                             c->dgamma);
+      break;
+    case BENCH_GN: /* y is needed only for a ReLU mask; SiLU recomputes z from x */
+      s = norma_gn_backward(&c->gd, c->x, NULL, c->dy, c->gamma, c->beta, c->save_mean,
+                            c->save_invstd, c->dx, c->dgamma, c->dbeta);
+      break;
+    default:
+      s = norma_in_backward(&c->id, c->x, NULL, c->dy, c->gamma, c->beta, c->save_mean,
+                            c->save_invstd, c->dx, c->dgamma, c->dbeta);
+      break;
+  }
+  return check(s, err, errlen);
+}
+
+static void fam_free(fam_ctx *c) {
+  void *bufs[] = {c->x, c->y, c->res, c->sum, c->dy, c->dx, c->dsum, c->gamma, c->beta,
+                  c->save_mean, c->save_invstd, c->dgamma, c->dbeta};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) bench_free(bufs[i]);
+}
+
+static bench_status run_family(const bench_case *k, int warmup, int reps, bench_timing *t,
+                               char *impl, size_t impllen, char *extra, size_t extralen,
+                               char *reason, size_t reasonlen) {
+  fam_ctx c;
+  memset(&c, 0, sizeof c);
+  c.k = k;
+  const norma_dtype dt = to_norma_dtype(k->dtype);
+  const norma_layout lay = k->layout == BENCH_NHWC ? NORMA_CHANNELS_LAST : NORMA_CHANNELS_FIRST;
+  int64_t nparam, nstat; /* affine length, statistics count */
+  if (k->family == BENCH_LN || k->family == BENCH_RMS) {
+    c.ld = (norma_ln_desc){k->n, k->c, dt, 1e-5, 0u};
+    nparam = k->c;
+    nstat = k->n;
+  } else if (k->family == BENCH_GN) {
+    c.gd = (norma_gn_desc){k->n, k->c, bench_case_spatial(k), k->groups, lay, dt, 1e-5,
+                           k->act == BENCH_ACT_SILU ? (unsigned)NORMA_SILU : 0u};
+    nparam = k->c;
+    nstat = k->n * k->groups;
+  } else {
+    c.id = (norma_in_desc){k->n, k->c, bench_case_spatial(k), lay, dt, 1e-5, 0u};
+    nparam = k->c;
+    nstat = k->n * k->c;
+  }
+  const int64_t count = bench_case_elems(k);
+  const size_t tb = (size_t)count * bench_dtype_size(k->dtype);
+  const size_t pb = (size_t)nparam * sizeof(float), sb = (size_t)nstat * sizeof(float);
+  const int bwd = k->dir == BENCH_BWD, res = k->residual;
+  /* the backward's untimed forward writes y, save_* and (with a residual) h into sum */
+  c.x = bench_alloc(tb);
+  c.y = bench_alloc(tb);
+  c.res = res ? bench_alloc(tb) : NULL;
+  c.sum = res ? bench_alloc(tb) : NULL;
+  c.dy = bwd ? bench_alloc(tb) : NULL;
+  c.dx = bwd ? bench_alloc(tb) : NULL;
+  c.dsum = bwd && res ? bench_alloc(tb) : NULL;
+  c.gamma = (float *)bench_alloc(pb);
+  c.beta = (float *)bench_alloc(pb);
+  c.dgamma = (float *)bench_alloc(pb);
+  c.dbeta = (float *)bench_alloc(pb);
+  c.save_mean = (float *)bench_alloc(sb);
+  c.save_invstd = (float *)bench_alloc(sb);
+  if (!c.x || !c.y || (res && (!c.res || !c.sum)) || (bwd && (!c.dy || !c.dx)) ||
+      (bwd && res && !c.dsum) || !c.gamma || !c.beta || !c.dgamma || !c.dbeta ||
+      !c.save_mean || !c.save_invstd) {
+    fam_free(&c);
+    snprintf(reason, reasonlen, "out of memory");
+    return BENCH_ERROR;
+  }
+  bench_fill(c.x, count, k->dtype, 1, -1.0f, 1.0f);
+  if (res) bench_fill(c.res, count, k->dtype, 2, -1.0f, 1.0f);
+  if (bwd) bench_fill(c.dy, count, k->dtype, 3, -1.0f, 1.0f);
+  if (bwd && res) bench_fill(c.dsum, count, k->dtype, 9, -1.0f, 1.0f);
+  bench_fill_f32(c.gamma, nparam, 4, 0.5f, 1.5f);
+  bench_fill_f32(c.beta, nparam, 5, -0.5f, 0.5f);
+
+  int rc = 0;
+  if (bwd) rc = fam_fwd(&c, reason, reasonlen); /* save_mean / save_invstd / h, untimed */
+  if (!rc) rc = bench_time(bwd ? fam_bwd : fam_fwd, &c, warmup, reps, t, reason, reasonlen);
+  fam_free(&c);
+  if (rc) return strncmp(reason, "NORMA_ERR_UNSUPPORTED", 21) == 0 ? BENCH_NA : BENCH_ERROR;
+  snprintf(impl, impllen, "%s", impl_name());
+  snprintf(extra, extralen, ",\"isa\":\"%s\"", norma_isa_name(norma_get_isa()));
+  return BENCH_OK;
+}
+
+/* ---- BatchNorm ------------------------------------------------------------------------- */
+
 static bench_status run_case(const bench_case *k, int warmup, int reps, bench_timing *t,
                              char *impl, size_t impllen, char *extra, size_t extralen,
                              char *reason, size_t reasonlen) {
+  if (k->family != BENCH_BN)
+    return run_family(k, warmup, reps, t, impl, impllen, extra, extralen, reason, reasonlen);
   norma_ctx c;
   memset(&c, 0, sizeof c);
   c.k = k;
@@ -61,7 +205,7 @@ static bench_status run_case(const bench_case *k, int warmup, int reps, bench_ti
   c.d.c = k->c;
   c.d.spatial = bench_case_spatial(k);
   c.d.layout = k->layout == BENCH_NHWC ? NORMA_CHANNELS_LAST : NORMA_CHANNELS_FIRST;
-  c.d.dtype = k->dtype == BENCH_BF16 ? NORMA_BF16 : NORMA_F32;
+  c.d.dtype = to_norma_dtype(k->dtype);
   c.d.eps = 1e-5;
   c.d.flags = k->act == BENCH_ACT_RELU ? NORMA_BN_RELU
               : k->act == BENCH_ACT_ADD_RELU ? NORMA_BN_ADD_RELU : 0u;
@@ -115,8 +259,7 @@ static bench_status run_case(const bench_case *k, int warmup, int reps, bench_ti
     /* NORMA_ERR_UNSUPPORTED means the library has no such kernel: report n/a */
     return strncmp(reason, "NORMA_ERR_UNSUPPORTED", 21) == 0 ? BENCH_NA : BENCH_ERROR;
   }
-  snprintf(impl, impllen, "%s",
-           norma_get_use_reference() ? "reference" : norma_isa_name(norma_get_isa()));
+  snprintf(impl, impllen, "%s", impl_name());
   /* how the library ran it: the traffic model the driver reports */
   norma_bn_plan plan;
   norma_bn_op op = k->dir == BENCH_FWD ? NORMA_BN_OP_FORWARD_TRAINING
@@ -124,10 +267,10 @@ static bench_status run_case(const bench_case *k, int warmup, int reps, bench_ti
                                            : NORMA_BN_OP_BACKWARD;
   if (norma_bn_query_plan(&c.d, op, &plan) == NORMA_OK) {
     snprintf(extra, extralen,
-             ",\"model\":\"%d-pass\",\"plan\":{\"dram_passes\":%d,\"fused\":%d,"
+             ",\"isa\":\"%s\",\"model\":\"%d-pass\",\"plan\":{\"dram_passes\":%d,\"fused\":%d,"
              "\"unit\":%lld,\"threads\":%d,\"isa\":\"%s\",\"streaming_stores\":%d,"
              "\"reference\":%d}",
-             plan.dram_passes, plan.dram_passes, plan.fused, (long long)plan.unit, plan.threads,
+             norma_isa_name(plan.isa), plan.dram_passes, plan.dram_passes, plan.fused, (long long)plan.unit, plan.threads,
              norma_isa_name(plan.isa), plan.streaming_stores, plan.reference);
   }
   return BENCH_OK;
@@ -144,7 +287,24 @@ static void print_info(FILE *f) {
 
 static void set_threads(int n) { norma_set_num_threads(n); }
 
+static int set_max_isa(const char *v, char *err, size_t errlen) {
+  norma_isa isa;
+  if (strcmp(v, "scalar") == 0) isa = NORMA_ISA_SCALAR;
+  else if (strcmp(v, "avx2") == 0) isa = NORMA_ISA_AVX2;
+  else if (strcmp(v, "avx512") == 0) isa = NORMA_ISA_AVX512;
+  else {
+    snprintf(err, errlen, "unknown ISA (scalar, avx2, avx512)");
+    return 1;
+  }
+  norma_status s = norma_set_max_isa(isa);
+  if (s != NORMA_OK) {
+    snprintf(err, errlen, "%s: %s", norma_status_string(s), norma_last_error());
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  static const bench_worker w = {"norma", print_info, set_threads, run_case};
+  static const bench_worker w = {"norma", print_info, set_threads, run_case, set_max_isa};
   return bench_worker_main(argc, argv, &w);
 }

@@ -1,0 +1,56 @@
+/* fuzz_bn_backward_apply.c - norma_bn_backward_apply against norma.h (fuzz_common.h). */
+#include "fuzz_common.h"
+
+typedef struct ctx {
+  fz_bn b;
+  int64_t count;
+} ctx;
+
+enum { X, Y, DY, GAMMA, BETA, MEAN, INV, SDY, SDYX, SX, DX, DRES, NARGS };
+
+static norma_status call(fz_case *k) {
+  const ctx *c = k->ctx;
+  fz_arg *a = k->a;
+  return norma_bn_backward_apply(fz_bn_ptr(&c->b), a[X].p, a[Y].p, a[DY].p, a[GAMMA].p,
+                                 a[BETA].p, a[MEAN].p, a[INV].p, a[SDY].p, a[SDYX].p, a[SX].p,
+                                 c->count, a[DX].p, a[DRES].p);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  fz r = {data, size};
+  fz_settings(&r);
+  ctx c;
+  fz_bn_make(&r, &c.b, 0, FZ_TRAIN_NO, 8);
+  c.count = fz_u8(&r) < 16 ? (int64_t)fz_pick(&r, 3) - 1 : fz_size(&r, 200);
+  const fz_bn *b = &c.b;
+  const int has = b->d.n > 0, act = fz_act(b), add = (b->d.flags & NORMA_BN_ADD_RELU) != 0;
+  const int global = (b->d.flags & NORMA_BN_GLOBAL_STATS) != 0;
+  const int x_absent = has && !act && fz_u8(&r) >= 192;
+  /* n == 0: only d, mean, invstd and (without GLOBAL_STATS) the sums and count are checked */
+  fz_arg a[NARGS] = {
+      {"x", FZ_IN, FZ_TENSOR, !has || x_absent ? FZ_IGN : act ? FZ_REQ : FZ_KEEP, 1, b->T, 0, 0, 0},
+      {"y", FZ_IN, FZ_TENSOR, has && (act || x_absent) ? FZ_REQ : FZ_IGN, 1, b->T, 0, 0, 0},
+      {"dy", FZ_IN, FZ_TENSOR, has ? FZ_REQ : FZ_IGN, 1, b->T, 0, 0, 0},
+      {"gamma", FZ_IN, FZ_PARAM, has ? FZ_OPT : FZ_IGN, 0, b->C, 0, 0, 0},
+      {"beta", FZ_IN, FZ_PARAM, has ? FZ_OPT : FZ_IGN, 0, b->C, 0, 0, 0},
+      {"mean", FZ_IN, FZ_F64, FZ_REQ, 0, b->C, 0, 0, 0},
+      {"invstd", FZ_IN, FZ_F64, FZ_REQ, 0, b->C, 0, 0, 0},
+      {"sum_dy", FZ_IN, FZ_F64, global ? (has ? FZ_OPT : FZ_IGN) : FZ_REQ, 0, b->C, 0, 0, 0},
+      {"sum_dy_xhat", FZ_IN, FZ_F64, global ? (has ? FZ_OPT : FZ_IGN) : FZ_REQ, 0, b->C, 0, 0, 0},
+      {"sum_xhat", FZ_IN, FZ_F64, has ? FZ_OPT : FZ_IGN, 0, b->C, 0, 0, 0},
+      {"dx", FZ_OUT, FZ_TENSOR, has ? FZ_REQ : FZ_IGN, 0, b->T, 0, 0, 0},
+      {"dresidual", FZ_OUT, FZ_TENSOR, has && add ? FZ_OPT : FZ_IGN, 0, b->T, 0, 0, 0},
+  };
+  fz_case k = {.ctx = &c};
+  if (!fz_setup(&r, &k, a, NARGS, b->d.dtype, b->sizes_ok)) return 0;
+  if (x_absent || !has) a[X].p = NULL;
+  if (b->force_null) a[MEAN].p = NULL;
+  const int bad_count = !global && c.count < 1;
+  const int zero_gamma = b->valid && b->sizes_ok && x_absent && a[Y].p &&
+                         fz_any_zero_param(b->d.dtype, a[GAMMA].p, b->C);
+  const norma_status want = fz_expect(&k, !b->valid || !a[MEAN].p || bad_count || zero_gamma,
+                                      has && (b->d.flags & NORMA_CHECK_FINITE) != 0);
+  fz_check(&k, call(&k), want, call);
+  fz_free(&k);
+  return 0;
+}
