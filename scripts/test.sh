@@ -30,7 +30,7 @@ NORMA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --out
 
 echo "== clang build (-Werror: library, MPI module, tests, tools, examples) and its C tests"
 cmake -S . -B build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS=-Werror \
-  -DCMAKE_BUILD_TYPE=Release >/dev/null
+  -DCMAKE_BUILD_TYPE=Release -DNORMA_WITH_TORCH=OFF >/dev/null
 cmake --build build-clang -j"$JOBS"
 NORMA_TEST_QUICK=1 ctest --test-dir build-clang --output-on-failure -j2
 
