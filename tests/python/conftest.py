@@ -57,7 +57,9 @@ def torch_backend(request):
     fallback.  Without the extension its runs are skipped, saying why."""
     from norma.torch import _ops
     if request.param == "extension" and _ops.backend() != "extension":
-        pytest.skip("libnorma_torch not loaded: %s" % _ops.extension_status()["reason"])
+        why = (_ops.extension_status()["reason"] or "").split(". ")[0]
+        pytest.skip("norma's PyTorch operators are not loaded (%s); this ran on the ctypes "
+                    "fallback only" % why)
     with _ops.use_backend(request.param):
         yield request.param
 
