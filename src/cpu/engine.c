@@ -78,8 +78,6 @@ void *norm_scratch(int slot, size_t bytes) {
   return s->mem;
 }
 
-static inline size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
-
 /* ---- kernels ---------------------------------------------------------------------------- */
 
 void norm_job_kernels(norm_job *jb) {
@@ -273,7 +271,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
   if (jb->rows_form) {
     const int64_t r0 = row_of(jb, u->i0), r1 = row_of(jb, u->i1);
     /* the unit's segment buffer follows its arrays (unit_arrays) */
-    double *s = (double *)((char *)u->dcst + up64((size_t)u->ts * 3 * sizeof(double)));
+    double *s = (double *)((char *)u->dcst + norm_up64((size_t)u->ts * 3 * sizeof(double)));
     for (int64_t ra = r0; ra < r1; ra += NORM_CL_SEG_ROWS) {
       const int64_t rb = ra + NORM_CL_SEG_ROWS < r1 ? ra + NORM_CL_SEG_ROWS : r1;
       seg_sums_rows(jb, u, ra, rb, u->j0, u->nc, s, u->ts);
@@ -402,10 +400,10 @@ void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
 /* the arrays of a unit of up to w channels: tot, dcst, a segment buffer [3][w], and the
    constants [C_COUNT][w] */
 static size_t unit_bytes(const norm_job *jb, int64_t w) {
-  return 3 * up64((size_t)w * 3 * sizeof(double)) + up64((size_t)w * C_COUNT * jb->cbytes);
+  return 3 * norm_up64((size_t)w * 3 * sizeof(double)) + norm_up64((size_t)w * C_COUNT * jb->cbytes);
 }
 static void unit_arrays(const norm_job *jb, norm_unit *u, char *m, int64_t w) {
-  const size_t db = up64((size_t)w * 3 * sizeof(double));
+  const size_t db = norm_up64((size_t)w * 3 * sizeof(double));
   (void)jb;
   u->tot = (double *)m;
   u->ts = w;
@@ -713,11 +711,11 @@ norma_status norm_run_job(norm_job *jb) {
   const size_t part = (!jb->fused && jb->nsums)
                           ? (size_t)nsegments(jb, &whole) * (size_t)g->c * 3 * sizeof(double) : 0;
   const size_t pnc = jb->want_per_nc ? (size_t)g->n * (size_t)g->c * 2 * sizeof(double) : 0;
-  char *mem = norm_scratch(0, up64(units) + up64(part) + pnc);
+  char *mem = norm_scratch(0, norm_up64(units) + norm_up64(part) + pnc);
   if (!mem)
     return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating %zu bytes of "
                        "scratch", units + part + pnc);
-  jb->per_nc = jb->want_per_nc ? (double *)(mem + up64(units) + up64(part)) : NULL;
+  jb->per_nc = jb->want_per_nc ? (double *)(mem + norm_up64(units) + norm_up64(part)) : NULL;
   if (jb->fused) {
     norm_parallel_for(jb, unit_count(jb), fused_units, mem);
   } else { /* BatchNorm: one unit of all samples; a per-sample norm: one per sample */
@@ -726,7 +724,7 @@ norma_status norm_run_job(norm_job *jb) {
     const int64_t step = whole.i1;
     for (int64_t i = 0; i < g->n; i += step) {
       u.i0 = i, u.i1 = i + step, u.j0 = 0, u.nc = g->c;
-      run_split(jb, &u, (double *)(mem + up64(units)));
+      run_split(jb, &u, (double *)(mem + norm_up64(units)));
     }
   }
   return NORMA_OK;
