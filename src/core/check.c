@@ -53,6 +53,11 @@ norma_status bn_check_desc(const char *fn, const norma_bn_desc *d, int64_t min_n
                        "NORMA_MAX_TENSOR_BYTES (2^48) (n = %lld, c = %lld, spatial = %lld)", fn,
                        (long long)bytes, (long long)d->n, (long long)d->c,
                        (long long)d->spatial);
+  /* the per-channel arrays (doubles in the split API) too: with n == 0 the tensor is empty
+     whatever c is, but c values are still written */
+  if (d->c > NORMA_MAX_TENSOR_BYTES / 8)
+    return norma__fail(bad, "%s: d->c = %lld: per-channel arrays would exceed "
+                       "NORMA_MAX_TENSOR_BYTES (2^48)", fn, (long long)d->c);
   if (training && d->n > 0 && m < 2)
     return norma__fail(bad, "%s: expected more than 1 value per channel when training, got "
                        "n * spatial = %lld (n = %lld, spatial = %lld)", fn, (long long)m,

@@ -132,6 +132,9 @@ void norm_unit_absorb(const norm_job *jb, norm_unit *u, int64_t dst, int64_t src
 
 /* ---- shared by the engine and the row path -------------------------------------------- */
 
+/* bytes rounded up to a cache line */
+static inline size_t norm_up64(size_t b) { return (b + 63) & ~(size_t)63; }
+
 /* Per-thread scratch kept between calls (grown, never shrunk): slot 0 for what a call owns,
    slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread). */
 void *norm_scratch(int slot, size_t bytes);

@@ -17,8 +17,6 @@
 #define ROW_BLOCK 64   /* rows per compute-type accumulation of dgamma / dbeta */
 #define ROW_UNITS 64   /* most row units of the backward (their partials are c doubles x 2) */
 
-static inline size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
-
 typedef struct row_ctx {
   const norm_geom *g;
   norm_job *jb;
@@ -162,8 +160,8 @@ norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm
   if (jb.nt > g->n) jb.nt = (int)g->n;
   jb.store = g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
   row_ctx rc = {.g = g, .jb = &jb, .fa = a};
-  const size_t pb = up64((size_t)g->c * 2 * jb.cbytes);
-  rc.thr_bytes = a->res && !a->sum ? up64((size_t)g->c * g->esize) : 0;
+  const size_t pb = norm_up64((size_t)g->c * 2 * jb.cbytes);
+  rc.thr_bytes = a->res && !a->sum ? norm_up64((size_t)g->c * g->esize) : 0;
   char *mem = norm_scratch(0, pb + (size_t)jb.nt * rc.thr_bytes + 64);
   if (!mem)
     return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating scratch");
@@ -189,11 +187,11 @@ static void bwd_unit(const row_ctx *rc, int64_t unit, char *acc) {
   const int grads = a->dgamma || a->dbeta;
   double *part = rc->part ? rc->part + (size_t)unit * 2 * (size_t)c : NULL;
   if (part) memset(part, 0, sizeof(double) * 2 * (size_t)c);
-  char *ag = acc, *ab = acc + up64((size_t)c * cb);
+  char *ag = acc, *ab = acc + norm_up64((size_t)c * cb);
   double kk[K_COUNT];
   for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK) {
     const int64_t re = rb + ROW_BLOCK < r1 ? rb + ROW_BLOCK : r1;
-    if (grads) memset(acc, 0, 2 * up64((size_t)c * cb));
+    if (grads) memset(acc, 0, 2 * norm_up64((size_t)c * cb));
     for (int64_t r = rb; r < re; r++) {
       const int64_t e = r * c;
       for (int64_t c0 = 0; c0 < c; c0 += cpg) {
@@ -255,9 +253,9 @@ norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const nor
   if (jb.nt > nunits) jb.nt = (int)nunits;
   jb.store = g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
   const int grads = a->dgamma || a->dbeta;
-  const size_t pb = up64((size_t)g->c * 2 * jb.cbytes);
-  const size_t partb = grads ? up64((size_t)nunits * 2 * (size_t)g->c * sizeof(double)) : 0;
-  rc.thr_bytes = 2 * up64((size_t)g->c * jb.cbytes);
+  const size_t pb = norm_up64((size_t)g->c * 2 * jb.cbytes);
+  const size_t partb = grads ? norm_up64((size_t)nunits * 2 * (size_t)g->c * sizeof(double)) : 0;
+  rc.thr_bytes = 2 * norm_up64((size_t)g->c * jb.cbytes);
   char *mem = norm_scratch(0, pb + partb + (size_t)jb.nt * rc.thr_bytes + 64);
   if (!mem)
     return norma__fail(NORMA_ERR_OUT_OF_MEMORY, "norma: out of memory allocating scratch");

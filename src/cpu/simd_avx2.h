@@ -7,14 +7,10 @@
 #ifndef NORMA_SIMD_AVX2_H
 #define NORMA_SIMD_AVX2_H
 
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+#include "simd_avx2_ops.h"
 
 #define VW 8
 #define VAI static inline __attribute__((always_inline))
-
-enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2 };
 
 typedef __m256 vf;
 typedef __m256 vm; /* all-ones lanes */
@@ -31,10 +27,7 @@ VAI vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a * b + c 
 /* max(0, v), NaN passing through (max returns its second operand on NaN) */
 VAI vf vmax0(vf v) { return _mm256_max_ps(_mm256_setzero_ps(), v); }
 
-VAI vm vmask_first(int n) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
-}
+VAI vm vmask_first(int n) { return a8_first(n); }
 VAI vf vand_m(vf v, vm m) { return _mm256_and_ps(v, m); }
 VAI vf vblend_m(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); } /* m ? b : a */
 VAI vm vgt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
@@ -43,12 +36,7 @@ VAI vf vkeep_pos(vf g, vf y) { return _mm256_and_ps(g, _mm256_cmp_ps(y, _mm256_s
 
 /* ---- loads and stores by storage type (dt is a constant after inlining) ---- */
 
-VAI vf vld(const void *p, int64_t i, const int dt) {
-  if (dt == S_F32) return _mm256_loadu_ps((const float *)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-  if (dt == S_F16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
+VAI vf vld(const void *p, int64_t i, const int dt) { return a8_ld(p, i, dt); }
 
 /* the first n (0 < n < VW) values, zeros after; never reads past them */
 VAI vf vld_part(const void *p, int64_t i, int n, const int dt) {
@@ -59,24 +47,7 @@ VAI vf vld_part(const void *p, int64_t i, int n, const int dt) {
   return vld(t, 0, dt);
 }
 
-VAI __m128i v_to_bf16(vf v) {
-  /* round to nearest even on the dropped 16 bits; NaN made quiet */
-  __m256i u = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-  r = _mm256_blendv_epi8(r, q, nan);
-  r = _mm256_srli_epi32(r, 16);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-VAI void vst(void *p, int64_t i, vf v, const int dt) {
-  if (dt == S_F32) _mm256_storeu_ps((float *)p + i, v);
-  else if (dt == S_F16)
-    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  else _mm_storeu_si128((__m128i *)((uint16_t *)p + i), v_to_bf16(v));
-}
+VAI void vst(void *p, int64_t i, vf v, const int dt) { a8_st(p, i, v, dt); }
 
 VAI void vst_part(void *p, int64_t i, vf v, int n, const int dt) {
   if (dt == S_F32) {
@@ -102,7 +73,7 @@ VAI void vst_nt(void *p, int64_t i, vf v, const int dt, int nt) {
       return;
     }
     if (dt != S_F32 && (((uintptr_t)((uint16_t *)p + i)) & 15) == 0) {
-      __m128i h = dt == S_F16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : v_to_bf16(v);
+      __m128i h = a8_narrow(v, dt);
       _mm_stream_si128((__m128i *)((uint16_t *)p + i), h);
       return;
     }
@@ -134,60 +105,22 @@ VAI void vstoreu(float *p, vf v) { _mm256_storeu_ps(p, v); }
 /* the 32-lane sum of the accumulators a[0..3] (value i in lane i % 32) by halving:
    32 -> 16 -> 8 -> 4 -> 2 -> 1, the portable kernels' order */
 VAI double vreduce32(const vf *a) {
-  __m256 a0 = _mm256_add_ps(a[0], a[2]), a1 = _mm256_add_ps(a[1], a[3]);
-  a0 = _mm256_add_ps(a0, a1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return (double)_mm_cvtss_f32(h);
+  return a8_sum(_mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])));
 }
-VAI float vhmin(vf v) {
-  __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_min_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_min_ss(h, _mm_movehdup_ps(h)));
-}
-VAI float vhmax(vf v) {
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
+VAI float vhmin(vf v) { return a8_min(v); }
+VAI float vhmax(vf v) { return a8_max(v); }
 
 /* n (<= VW) lanes of v as doubles into o */
 VAI void vstore_sums(double *o, vf v, int n) {
   double t[8];
-  _mm256_storeu_pd(t, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-  _mm256_storeu_pd(t + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  a8_store_pd(t, v);
   memcpy(o, t, (size_t)n * sizeof(double));
 }
 
 /* ---- integer-level pieces of the anchor and of exp ---- */
 
-/* bn_stats_anchor_f32 (ukernels.h) lane by lane, with the same arithmetic */
-VAI vf vanchor(vf sum, vf mn, vf mx, vf inv) {
-  const __m256 mean = _mm256_mul_ps(sum, inv), range = _mm256_sub_ps(mx, mn);
-  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(range), 23),
-                                     _mm256_set1_epi32(0xff));
-  const __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(5)), 23));
-  const __m256 iq = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(259), e), 23));
-  const __m256 t = _mm256_mul_ps(mean, iq);
-  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
-  const __m256 r = _mm256_mul_ps(_mm256_sub_ps(_mm256_add_ps(t, magic), magic), q);
-  /* usable: range > 0, 6 < e < 255, |t| < 2^22 */
-  __m256 ok = _mm256_cmp_ps(range, _mm256_setzero_ps(), _CMP_GT_OQ);
-  ok = _mm256_and_ps(ok, _mm256_castsi256_ps(_mm256_cmpgt_epi32(e, _mm256_set1_epi32(6))));
-  ok = _mm256_and_ps(ok, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(255), e)));
-  ok = _mm256_and_ps(ok, _mm256_cmp_ps(t, _mm256_set1_ps(0x1p22f), _CMP_LT_OQ));
-  ok = _mm256_and_ps(ok, _mm256_cmp_ps(t, _mm256_set1_ps(-0x1p22f), _CMP_GT_OQ));
-  __m256 res = _mm256_blendv_ps(mean, r, ok);
-  return _mm256_blendv_ps(res, mn, _mm256_cmp_ps(range, _mm256_setzero_ps(), _CMP_EQ_OQ));
-}
-
-/* 2^n for integral n in [-126, 127] (given as floats) */
-VAI vf vpow2i(vf n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                                _mm256_set1_epi32(127)), 23));
-}
+VAI vf vanchor(vf sum, vf mn, vf mx, vf inv) { return a8_anchor(sum, mn, mx, inv); }
+VAI vf vpow2i(vf n) { return a8_pow2i(n); }
 /* round to the nearest integer (even on ties) */
 VAI vf vround(vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
