@@ -592,6 +592,12 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
   const long long v = atoll(e);
   return v > 0 ? (int64_t)v : dflt;
 }
+int64_t norm_nt_min_bytes(void) {
+  static int64_t v = 0;
+  if (!v) v = env_bytes("NORMA_NT_MIN_BYTES", (int64_t)8 << 20);
+  return v;
+}
+
 int64_t norm_unit_budget(void) {
   static int64_t v = 0;
   if (!v) v = env_bytes("NORMA_UNIT_BUDGET", norma__l2_bytes() / 2);
@@ -695,7 +701,7 @@ void norm_plan_job(norm_job *jb) {
      whole lines: long channels-first runs, or whole rows in channels-last */
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c)
                                         : g->s * (int64_t)g->esize >= 2048;
-  jb->store = whole_lines && g->total * (int64_t)g->esize >= NORM_NT_MIN_BYTES ? BN_STORE_NT : 0;
+  jb->store = whole_lines && g->total * (int64_t)g->esize >= norm_nt_min_bytes() ? BN_STORE_NT : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */

@@ -28,7 +28,6 @@
 #define NORM_CL_SEG_ROWS 4096  /* rows per channels-last segment */
 #define NORM_ROWS_CHUNK 1024   /* channels per rows-kernel call */
 #define NORM_SERIAL_BELOW 32768 /* tensors with fewer values run without a parallel region */
-#define NORM_NT_MIN_BYTES (8 << 20) /* outputs this large are written around the cache */
 #define NORM_MAX_UNIT 512      /* channels per BatchNorm unit */
 
 /* what a job reduces: nothing (apply only), the statistics, or the backward's sums; either
@@ -83,6 +82,9 @@ void norm_plan_job(norm_job *jb);
 /* Bytes a fused unit may hold per thread and still be applied from cache (half the L2, or
    NORMA_UNIT_BUDGET). */
 int64_t norm_unit_budget(void);
+/* Outputs at least this large are written around the cache (non-temporal stores): 8 MiB, or
+   NORMA_NT_MIN_BYTES (a tuning knob, docs/performance.md). */
+int64_t norm_nt_min_bytes(void);
 
 /* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
 
