@@ -38,8 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!fz_setup(&r, &k, a, NARGS, c.b.d.dtype, c.b.sizes_ok)) return 0;
   if (c.b.force_null) a[X].p = NULL;
   const int bad_momentum = (a[RMEAN].p || a[RVAR].p) && !(c.momentum >= 0 && c.momentum <= 1);
+  const int uncounted = fz_counted_without_count(&c.b, a[RMEAN].p, a[RVAR].p);
   const norma_status want =
-      fz_expect(&k, !c.b.valid || c.b.force_null || !a[X].p || bad_momentum,
+      fz_expect(&k, !c.b.valid || c.b.force_null || !a[X].p || bad_momentum || uncounted,
                 (c.b.d.flags & NORMA_CHECK_FINITE) != 0);
   fz_check(&k, call(&k), want, call);
   fz_free(&k);

@@ -48,7 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int few = 0;
   if (sizes_ok && a[COUNT].p && !k.invalid)
     for (int64_t j = 0; j < n; j++) few |= ((const int64_t *)a[COUNT].p)[j] < 2;
-  const norma_status want = fz_expect(&k, !valid || force_null || bad_momentum || few, 0);
+  const norma_status want = fz_expect(&k, !valid || force_null || bad_momentum || few ||
+                                               fz_counted_without_count(&c.b, a[RMEAN].p, a[RVAR].p), 0);
   fz_check(&k, call(&k), want, call);
   fz_free(&k);
   return 0;

@@ -88,7 +88,8 @@ static FZ_UNUSED double fz_eps(fz *r) {
 
 /* ---- the descriptor and its oracle ------------------------------------------------------------- */
 
-#define FZ_BN_FLAGS 0x1fu /* the flags BatchNorm accepts (norma.h) */
+#define FZ_BN_FLAGS 0x5fu /* the flags BatchNorm accepts (norma.h): bits 0-4 and
+                             NORMA_BN_COUNT_WEIGHTED (bit 6) */
 
 /* A descriptor from the bytes: sometimes NULL (*present = 0), with bad enums, bad eps, unknown
    flag bits and sizes whose products overflow. */
@@ -104,7 +105,10 @@ static FZ_UNUSED void fz_desc(fz *r, norma_bn_desc *d, int *present, int64_t sma
   d->eps = fz_eps(r);
   unsigned f = fz_u8(r) & FZ_BN_FLAGS;
   if ((f & 3) == 3 && fz_u8(r) < 200) f &= ~1u; /* both activations: sometimes */
-  if (fz_u8(r) >= 240) f |= 1u << (5 + fz_pick(r, 27));
+  if (fz_u8(r) >= 240) {
+    const unsigned bit = 5 + fz_pick(r, 27);
+    if (bit != 6) f |= 1u << bit; /* an unknown bit */
+  }
   d->flags = f;
 }
 
@@ -133,6 +137,7 @@ static FZ_UNUSED int fz_desc_valid(const norma_bn_desc *d, int present, int64_t 
   if (m > (fz_i128)NORMA_MAX_TENSOR_BYTES) return 0;
   const fz_i128 bytes = m * d->c * (fz_i128)fz_dsize(d->dtype); /* < 2^48 * 2^63 * 8 */
   if (bytes > (fz_i128)NORMA_MAX_TENSOR_BYTES) return 0;
+  if (d->c > NORMA_MAX_TENSOR_BYTES / 8) return 0; /* the per-channel (double) arrays too */
   if (training && d->n > 0 && m < 2) return 0;
   return 1;
 }
@@ -473,6 +478,12 @@ static FZ_UNUSED int fz_act(const fz_bn *b) { return b->d.flags & (NORMA_BN_RELU
 static FZ_UNUSED double fz_momentum(fz *r) {
   static const double v[] = {0.1, 0.0, 1.0, 0.5, -0.1, 1.5, NAN, INFINITY};
   return fz_u8(r) < 220 ? v[fz_pick(r, 4)] : v[fz_pick(r, 8)];
+}
+
+/* The uncounted training calls reject NORMA_BN_COUNT_WEIGHTED together with running
+   statistics: the running count has no place in their signature (norma.h). */
+static FZ_UNUSED int fz_counted_without_count(const fz_bn *b, const void *rmean, const void *rvar) {
+  return (b->d.flags & NORMA_BN_COUNT_WEIGHTED) && (rmean || rvar);
 }
 
 /* any per-channel parameter (parameter type of dt) equal to 0 */

@@ -52,7 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const int bad_momentum = (a[RMEAN].p || a[RVAR].p) && !(c.momentum >= 0 && c.momentum <= 1);
   /* the local checks first (a local error is every rank's verdict), then the global count */
   norma_status want = fz_expect(&k, !b->valid || forced || b->force_null || big_c || bad_comm ||
-                                        bad_env || bad_momentum,
+                                        bad_env || bad_momentum ||
+                                        fz_counted_without_count(b, a[RMEAN].p, a[RVAR].p),
                                 (b->d.flags & NORMA_CHECK_FINITE) != 0);
   if (want == NORMA_OK && too_few) want = NORMA_ERR_INVALID_ARGUMENT;
   fz_check(&k, call(&k), want, call);
