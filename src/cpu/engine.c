@@ -87,30 +87,6 @@ void norm_job_kernels(norm_job *jb) {
 
 /* ---- constants -------------------------------------------------------------------------- */
 
-void norm_set_fwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double mean,
-                         double mean_lo, double invstd, double gamma, double beta) {
-  norm_cst_set(jb, u, C_MHI, jrel, mean);
-  const double mhi = norm_cst_get(jb, u, C_MHI, jrel);
-  const double mlo = (mean - mhi) + mean_lo;
-  const double scale = gamma * invstd;
-  const double shift = mlo == 0.0 ? beta : beta - mlo * scale; /* no 0 * Inf when var+eps == 0 */
-  norm_cst_set(jb, u, C_SCALE, jrel, scale);
-  norm_cst_set(jb, u, C_SHIFT, jrel, shift);
-  u->dcst[jrel] = mhi, u->dcst[u->ts + jrel] = scale, u->dcst[2 * u->ts + jrel] = shift;
-  if (jb->cbytes == 4 && ((fabs(scale) > FLT_MAX && isfinite(scale)) ||
-                          (fabs(shift) > FLT_MAX && isfinite(shift))))
-    u->slow = 1;
-}
-
-void norm_set_bwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double da, double mg,
-                         double db, double dd0) {
-  norm_cst_set(jb, u, C_GM, jrel, mg);
-  const double gm = norm_cst_get(jb, u, C_GM, jrel);
-  norm_cst_set(jb, u, C_DA, jrel, da);
-  norm_cst_set(jb, u, C_DB, jrel, db);
-  norm_cst_set(jb, u, C_DD, jrel, dd0 + da * (gm - mg));
-}
-
 /* ---- geometry --------------------------------------------------------------------------- */
 
 static inline const void *tptr(const norm_job *jb, const void *base, int64_t elem) {

@@ -20,6 +20,9 @@
 #ifndef NORMA_ENGINE_H
 #define NORMA_ENGINE_H
 
+#include <float.h>
+#include <math.h>
+
 #include "geom.h"
 #include "impl.h"
 #include "ukernels.h"
@@ -104,14 +107,33 @@ static inline double norm_cst_get(const norm_job *jb, const norm_unit *u, int k,
    exact on large-mean data) and the rest of the mean moves into the shift.  When scale or
    shift does not fit the compute type although it is finite (an f32 channel whose spread is
    below ~1e-38), the unit is marked slow and applied in double. */
-void norm_set_fwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double mean,
-                         double mean_lo, double invstd, double gamma, double beta);
+static inline void norm_set_fwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel,
+                                       double mean, double mean_lo, double invstd, double gamma,
+                                       double beta) {
+  norm_cst_set(jb, u, C_MHI, jrel, mean);
+  const double mhi = norm_cst_get(jb, u, C_MHI, jrel);
+  const double mlo = (mean - mhi) + mean_lo;
+  const double scale = gamma * invstd;
+  const double shift = mlo == 0.0 ? beta : beta - mlo * scale; /* no 0 * Inf when var+eps == 0 */
+  norm_cst_set(jb, u, C_SCALE, jrel, scale);
+  norm_cst_set(jb, u, C_SHIFT, jrel, shift);
+  u->dcst[jrel] = mhi, u->dcst[u->ts + jrel] = scale, u->dcst[2 * u->ts + jrel] = shift;
+  if (jb->cbytes == 4 && ((fabs(scale) > FLT_MAX && isfinite(scale)) ||
+                          (fabs(shift) > FLT_MAX && isfinite(shift))))
+    u->slow = 1;
+}
 
 /* Backward constants of channel jrel for dx = da * (g - mg) + db * xh + dd0: written as
    da * (g - gm) + db * xh + dd with gm = mg rounded to the compute type, so that g - gm stays
    exact on data whose dy has a large mean (mg is the mean of g, or what plays its role). */
-void norm_set_bwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel, double da, double mg,
-                         double db, double dd0);
+static inline void norm_set_bwd_consts(const norm_job *jb, norm_unit *u, int64_t jrel,
+                                       double da, double mg, double db, double dd0) {
+  norm_cst_set(jb, u, C_GM, jrel, mg);
+  const double gm = norm_cst_get(jb, u, C_GM, jrel);
+  norm_cst_set(jb, u, C_DA, jrel, da);
+  norm_cst_set(jb, u, C_DB, jrel, db);
+  norm_cst_set(jb, u, C_DD, jrel, dd0 + da * (gm - mg));
+}
 
 /* moments (mean, m2) of channel jrel of a unit's STATS totals over cnt values */
 static inline void norm_moments_of(const norm_unit *u, int64_t jrel, double cnt, double *mean,
