@@ -1,0 +1,388 @@
+"""The ctypes twins of src/torch/norms_ops.cpp: layer_norm, layer_norm_residual, rms_norm,
+rms_norm_residual, group_norm, instance_norm with the operators' signatures (see _ops.py),
+autograd through torch.autograd.Function, one C call forward and one backward."""
+
+import ctypes
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import _core
+from .._lib import (call, LnDesc, GnDesc, InDesc, BnDesc, BN_RELU, SILU, CHECK_FINITE,
+                    BN_GLOBAL_STATS, F32, F64, F16, BF16)
+from ._ops import TORCH_FALLBACK
+
+C_FLAGS = 0xffff
+_SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_NDT = {torch.float32: F32, torch.float64: F64, torch.float16: F16, torch.bfloat16: BF16}
+_FINFO_EPS = {t: torch.finfo(t).eps for t in _SUPPORTED}
+
+__all__ = ["layer_norm", "layer_norm_residual", "rms_norm", "rms_norm_residual", "group_norm",
+           "instance_norm"]
+
+
+def _takes(x):
+    return x.device.type == "cpu" and x.dtype in _SUPPORTED and x.numel() > 0
+
+
+def _refuse(x):
+    if x.dtype not in _SUPPORTED:
+        raise TypeError("input has dtype %s; norma supports float32, float64, float16 and "
+                        "bfloat16" % x.dtype)
+    if x.device.type != "cpu":
+        raise ValueError("input is on %s: norma runs on CPU tensors" % x.device)
+    raise ValueError("input has no values (shape %s)" % (tuple(x.shape),))
+
+
+def _rg(t):
+    return t is not None and t.requires_grad
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+def _pin(p, numel, pdt, name):
+    if p is None:
+        return None
+    if p.device.type != "cpu":
+        raise ValueError("%s is on %s: norma runs on CPU tensors" % (name, p.device))
+    if p.numel() != numel:
+        raise ValueError("%s must have %d elements (got shape %s)" % (name, numel,
+                                                                      tuple(p.shape)))
+    p = p.detach()
+    if p.dtype == pdt and p.is_contiguous():
+        return p
+    return p.to(pdt).contiguous()
+
+
+def _grad_to(g, like):
+    if g is None or like is None or g.dtype == like.dtype:
+        return g
+    return g.to(like.dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# LayerNorm / RMSNorm
+# ------------------------------------------------------------------------------------------
+
+
+def _ln_size(x, ns):
+    k = len(ns)
+    if k < 1 or x.dim() < k or tuple(x.shape[x.dim() - k:]) != tuple(ns):
+        raise ValueError("Given normalized_shape=%s, expected input with shape [*, %s], but got "
+                         "input of size%s" % (list(ns), ", ".join(str(v) for v in ns),
+                                              list(x.shape)))
+    return int(math.prod(ns))
+
+
+def _ln_forward(rms, x, r, w, b, d, eps, flags):
+    x = x.detach()
+    x = x if x.is_contiguous() else x.contiguous()
+    if r is not None:
+        if r.shape != x.shape:
+            raise ValueError("residual has shape %s, expected %s (the shape of x)"
+                             % (tuple(r.shape), tuple(x.shape)))
+        r = r.detach()
+        r = r if r.is_contiguous() else r.contiguous()
+    pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    wp = _pin(w, d, pdt, "weight")
+    bp = None if rms else _pin(b, d, pdt, "bias")
+    rows = x.numel() // d
+    y = torch.empty_like(x)
+    h = torch.empty_like(x) if r is not None else None
+    mean = None if rms else torch.empty(rows, dtype=pdt)
+    invstd = torch.empty(rows, dtype=pdt)
+    desc = LnDesc(rows, d, _NDT[x.dtype], float(eps), int(flags) & C_FLAGS)
+    if rms:
+        call("norma_rms_forward", ctypes.byref(desc), x.data_ptr(), _ptr(r), _ptr(wp),
+             y.data_ptr(), _ptr(h), invstd.data_ptr())
+    else:
+        call("norma_ln_forward", ctypes.byref(desc), x.data_ptr(), _ptr(r), _ptr(wp), _ptr(bp),
+             y.data_ptr(), _ptr(h), mean.data_ptr(), invstd.data_ptr())
+    return y, h, (h if r is not None else x), mean, invstd
+
+
+class _LnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, d, eps, flags, rms):
+        y, h, xs, mean, invstd = _ln_forward(rms, x, residual, weight, bias, d, eps, flags)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(xs, weight)  # h (an output) with a residual, else x
+        ctx.mean, ctx.invstd = mean, invstd
+        ctx.d, ctx.eps, ctx.flags, ctx.rms = d, eps, flags & CHECK_FINITE, rms
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.fused = residual is not None
+        if residual is not None:
+            return y, h
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy, gh=None):
+        x, w = ctx.saved_tensors
+        if gy is None:
+            gy = torch.zeros_like(x)
+        gy = gy if gy.is_contiguous() else gy.contiguous()
+        if gh is not None:
+            gh = gh.to(x.dtype) if gh.dtype != x.dtype else gh
+            gh = gh if gh.is_contiguous() else gh.contiguous()
+        d = ctx.d
+        pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        wp = _pin(w, d, pdt, "weight")
+        need = ctx.needs_input_grad
+        dx = torch.empty_like(x)
+        dw = torch.empty(d, dtype=pdt) if need[1] else None
+        db = torch.empty(d, dtype=pdt) if need[2] else None
+        desc = LnDesc(x.numel() // d, d, _NDT[x.dtype], float(ctx.eps), ctx.flags)
+        if ctx.rms:
+            call("norma_rms_backward", ctypes.byref(desc), x.data_ptr(), gy.data_ptr(),
+                 _ptr(gh), _ptr(wp), ctx.invstd.data_ptr(), dx.data_ptr(), _ptr(dw))
+        else:
+            call("norma_ln_backward", ctypes.byref(desc), x.data_ptr(), gy.data_ptr(), _ptr(gh),
+                 _ptr(wp), ctx.mean.data_ptr(), ctx.invstd.data_ptr(), dx.data_ptr(), _ptr(dw),
+                 _ptr(db))
+        if db is not None and ctx.bias_dtype is not None and db.dtype != ctx.bias_dtype:
+            db = db.to(ctx.bias_dtype)
+        return (dx if need[0] else None, _grad_to(dw, w), db, dx if need[3] else None,
+                None, None, None, None)
+
+
+def _ln_dispatch(rms, input, residual, ns, weight, bias, eps, flags):
+    if rms:
+        bias = None
+    d = _ln_size(input, ns)
+    fused = residual is not None
+    if not _takes(input) or (fused and residual.dtype != input.dtype):
+        if not _takes(input) and not flags & TORCH_FALLBACK:
+            _refuse(input)
+        h = input + residual if fused else input
+        if rms:
+            dims = tuple(range(h.dim() - len(ns), h.dim()))
+            y = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+            if weight is not None:
+                y = y * weight
+        else:
+            y = F.layer_norm(h, list(ns), weight, bias, eps)
+        return (y, h) if fused else y
+    if torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias) or _rg(residual)):
+        return _LnFunction.apply(input, weight, bias, residual, d, eps, flags, rms)
+    y, h, _, _, _ = _ln_forward(rms, input, residual, weight, bias, d, eps, flags)
+    return (y, h) if fused else y
+
+
+def _rms_eps(x, eps):
+    return _FINFO_EPS.get(x.dtype, 1.1920928955078125e-07) if eps is None else eps
+
+
+def layer_norm(input, normalized_shape, weight, bias, eps, flags):
+    return _ln_dispatch(False, input, None, normalized_shape, weight, bias, eps, flags)
+
+
+def layer_norm_residual(input, residual, normalized_shape, weight, bias, eps, flags):
+    return _ln_dispatch(False, input, residual, normalized_shape, weight, bias, eps, flags)
+
+
+def rms_norm(input, normalized_shape, weight, eps, flags):
+    return _ln_dispatch(True, input, None, normalized_shape, weight, None,
+                        _rms_eps(input, eps), flags)
+
+
+def rms_norm_residual(input, residual, normalized_shape, weight, eps, flags):
+    return _ln_dispatch(True, input, residual, normalized_shape, weight, None,
+                        _rms_eps(input, eps), flags)
+
+
+# ------------------------------------------------------------------------------------------
+# GroupNorm / InstanceNorm
+# ------------------------------------------------------------------------------------------
+
+
+def _gn_desc(X, groups, eps, flags):
+    return GnDesc(X.n, X.c, X.spatial, groups, X.layout, X.dtype, float(eps),
+                  int(flags) & C_FLAGS)
+
+
+def _in_desc(X, eps, flags):
+    return InDesc(X.n, X.c, X.spatial, X.layout, X.dtype, float(eps), int(flags) & C_FLAGS)
+
+
+def _gn_forward(X, groups, w, b, rmean, rvar, momentum, eps, flags):
+    pdt = X.pdtype
+    wp = _pin(w, X.c, pdt, "weight")
+    bp = _pin(b, X.c, pdt, "bias")
+    Y = _core.new_like(X)
+    per = groups if groups > 0 else X.c
+    mean = torch.empty(X.n * per, dtype=pdt)
+    invstd = torch.empty(X.n * per, dtype=pdt)
+    if groups > 0:
+        desc = _gn_desc(X, groups, eps, flags)
+        call("norma_gn_forward", ctypes.byref(desc), X.ptr, _ptr(wp), _ptr(bp), Y.ptr,
+             mean.data_ptr(), invstd.data_ptr())
+    else:
+        rm = _core.param_inout(rmean, X, "running_mean")
+        rv = _core.param_inout(rvar, X, "running_var")
+        desc = _in_desc(X, eps, flags)
+        call("norma_in_forward_training", ctypes.byref(desc), X.ptr, _ptr(wp), _ptr(bp), Y.ptr,
+             mean.data_ptr(), invstd.data_ptr(), rm.ptr, rv.ptr, float(momentum))
+        rm.finish()
+        rv.finish()
+    return Y.obj, mean, invstd
+
+
+class _GnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups, rmean, rvar, momentum, eps, flags):
+        X = _core.prepare(x, None, "input")
+        y, mean, invstd = _gn_forward(X, groups, weight, bias, rmean, rvar, momentum, eps, flags)
+        ctx.save_for_backward(x, y if flags & BN_RELU else None, weight, bias)
+        ctx.layout, ctx.mean, ctx.invstd = X.layout, mean, invstd
+        ctx.groups, ctx.eps, ctx.flags = groups, eps, flags & (BN_RELU | SILU | CHECK_FINITE)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, y, w, b = ctx.saved_tensors
+        X = _core.prepare(x, ctx.layout, "x")
+        Y = _core.prepare_like(y, X, "y") if y is not None else None
+        DY = _core.prepare_like(gy, X, "grad_output")
+        pdt = X.pdtype
+        wp = _pin(w, X.c, pdt, "weight")
+        bp = _pin(b, X.c, pdt, "bias") if ctx.flags & SILU else None
+        need = ctx.needs_input_grad
+        DX = _core.new_like(X)
+        dw = torch.empty(X.c, dtype=pdt) if need[1] else None
+        db = torch.empty(X.c, dtype=pdt) if need[2] else None
+        if ctx.groups > 0:
+            desc = _gn_desc(X, ctx.groups, ctx.eps, ctx.flags)
+            fn = "norma_gn_backward"
+        else:
+            desc = _in_desc(X, ctx.eps, ctx.flags)
+            fn = "norma_in_backward"
+        call(fn, ctypes.byref(desc), X.ptr, Y.ptr if Y is not None else None, DY.ptr, _ptr(wp),
+             _ptr(bp), ctx.mean.data_ptr(), ctx.invstd.data_ptr(), DX.ptr, _ptr(dw), _ptr(db))
+        return (DX.obj if need[0] else None, _grad_to(dw, w), _grad_to(db, b)) + (None,) * 6
+
+
+class _InEvalFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, rmean, rvar, eps, flags):
+        X = _core.prepare(x, None, "input")
+        y = _in_inference(X, weight, bias, rmean, rvar, eps, flags)
+        pdt = X.pdtype
+        ctx.save_for_backward(x, y if flags & BN_RELU else None, weight, bias)
+        ctx.layout = X.layout
+        ctx.sm = _pin(rmean, X.c, pdt, "running_mean").clone()
+        ctx.si = (1.0 / torch.sqrt(rvar.detach().double() + float(eps))).to(pdt)
+        ctx.eps, ctx.flags = eps, flags & (BN_RELU | CHECK_FINITE)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, y, w, b = ctx.saved_tensors
+        X = _core.prepare(x, ctx.layout, "x")
+        Y = _core.prepare_like(y, X, "y") if y is not None else None
+        DY = _core.prepare_like(gy, X, "grad_output")
+        pdt = X.pdtype
+        need = ctx.needs_input_grad
+        DX = _core.new_like(X)
+        dw = torch.empty(X.c, dtype=pdt) if need[1] else None
+        db = torch.empty(X.c, dtype=pdt) if need[2] else None
+        desc = BnDesc(X.n, X.c, X.spatial, X.layout, X.dtype, float(ctx.eps),
+                      ctx.flags | BN_GLOBAL_STATS)
+        call("norma_bn_backward", ctypes.byref(desc), X.ptr, Y.ptr if Y is not None else None,
+             DY.ptr, _ptr(_pin(w, X.c, pdt, "weight")), _ptr(_pin(b, X.c, pdt, "bias")),
+             ctx.sm.data_ptr(), ctx.si.data_ptr(), DX.ptr, None, _ptr(dw), _ptr(db))
+        return (DX.obj if need[0] else None, _grad_to(dw, w), _grad_to(db, b)) + (None,) * 4
+
+
+def _in_inference(X, weight, bias, rmean, rvar, eps, flags):
+    pdt = X.pdtype
+    Y = _core.new_like(X)
+    desc = _in_desc(X, eps, flags)
+    call("norma_in_forward_inference", ctypes.byref(desc), X.ptr,
+         _ptr(_pin(weight, X.c, pdt, "weight")), _ptr(_pin(bias, X.c, pdt, "bias")),
+         _ptr(_pin(rmean, X.c, pdt, "running_mean")), _ptr(_pin(rvar, X.c, pdt, "running_var")),
+         Y.ptr)
+    return Y.obj
+
+
+def _torch_act(y, flags):
+    if flags & SILU:
+        return F.silu(y)
+    if flags & BN_RELU:
+        return F.relu(y)
+    return y
+
+
+def group_norm(input, num_groups, weight, bias, eps, flags):
+    if flags & BN_RELU and flags & SILU:
+        raise ValueError("group_norm: NORMA_RELU and NORMA_SILU exclude each other")
+    if input.dim() < 2:
+        raise ValueError("group_norm: expected an input [N, C, *], got shape %s"
+                         % (tuple(input.shape),))
+    c = input.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise ValueError("Expected number of channels in input to be divisible by num_groups, "
+                         "but got input of shape %s and num_groups=%d"
+                         % (list(input.shape), num_groups))
+    for p, name in ((weight, "weight"), (bias, "bias")):
+        if p is not None and p.numel() != c:
+            raise ValueError("%s must have %d elements (the channels of the input), got shape "
+                             "%s" % (name, c, tuple(p.shape)))
+    if not _takes(input):
+        if not flags & TORCH_FALLBACK:
+            _refuse(input)
+        return _torch_act(F.group_norm(input, num_groups, weight, bias, eps), flags)
+    if input.dim() > 5:
+        y = group_norm(input.contiguous().view(input.shape[0], c, -1), num_groups, weight, bias,
+                       eps, flags)
+        return y.view(input.shape)
+    if torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias)):
+        return _GnFunction.apply(input, weight, bias, num_groups, None, None, 0.0, eps, flags)
+    X = _core.prepare(input, None, "input")
+    return _gn_forward(X, num_groups, weight, bias, None, None, 0.0, eps, flags)[0]
+
+
+def instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum,
+                  eps, flags):
+    if input.dim() < 3:
+        raise ValueError("instance_norm: expected an input [N, C, *] with at least one spatial "
+                         "dimension, got shape %s" % (tuple(input.shape),))
+    c = input.shape[1]
+    for p in (weight, bias, running_mean, running_var):
+        if p is not None and p.numel() != c:
+            raise ValueError("instance_norm: a per-channel parameter or statistic has shape %s "
+                             "but the input has %d channels" % (tuple(p.shape), c))
+    if not use_input_stats and (running_mean is None or running_var is None):
+        raise ValueError("Expected running_mean and running_var to be defined when "
+                         "use_input_stats is false")
+    if use_input_stats and math.prod(input.shape[2:]) == 1:
+        raise ValueError("Expected more than 1 spatial element when training, got input size "
+                         "%s" % (list(input.shape),))
+    if not _takes(input):
+        if not flags & TORCH_FALLBACK:
+            _refuse(input)
+        return _torch_act(torch.instance_norm(input, weight, bias, running_mean, running_var,
+                                              use_input_stats, momentum, eps, False), flags)
+    if input.dim() > 5:
+        y = instance_norm(input.contiguous().view(input.shape[0], c, -1), weight, bias,
+                          running_mean, running_var, use_input_stats, momentum, eps, flags)
+        return y.view(input.shape)
+    grad = torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias))
+    if use_input_stats:
+        if grad:
+            return _GnFunction.apply(input, weight, bias, 0, running_mean, running_var,
+                                     momentum, eps, flags)
+        X = _core.prepare(input, None, "input")
+        return _gn_forward(X, 0, weight, bias, running_mean, running_var, momentum, eps,
+                           flags)[0]
+    if flags & SILU:
+        raise ValueError("instance_norm: NORMA_SILU with running statistics is not supported")
+    if grad:
+        return _InEvalFunction.apply(input, weight, bias, running_mean, running_var, eps, flags)
+    X = _core.prepare(input, None, "input")
+    return _in_inference(X, weight, bias, running_mean, running_var, eps, flags)

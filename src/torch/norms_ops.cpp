@@ -1,0 +1,632 @@
+/* norms_ops.cpp - LayerNorm, RMSNorm, GroupNorm and InstanceNorm as PyTorch operators, with
+   autograd in C++ (one norma call forward, one backward).
+
+   norma::layer_norm(input, normalized_shape, weight, bias, eps, flags) -> y
+   norma::layer_norm_residual(input, residual, normalized_shape, weight, bias, eps, flags)
+       -> (y, h)        h = input + residual, y = layer_norm(h); gradients flow through both
+   norma::rms_norm(input, normalized_shape, weight, eps?, flags) -> y     (eps None: finfo.eps)
+   norma::rms_norm_residual(input, residual, normalized_shape, weight, eps?, flags) -> (y, h)
+   norma::group_norm(input, num_groups, weight, bias, eps, flags) -> y
+       [N, C, *] channels-first, or channels_last (3-D to 5-D) used in place;
+       flags: NORMA_RELU / NORMA_SILU fuse the activation
+   norma::instance_norm(input, weight, bias, running_mean, running_var, use_input_stats,
+                        momentum, eps, flags) -> y
+       torch.nn.functional.instance_norm's semantics (batched input [N, C, *])
+
+   `flags` holds norma.h's flags (NORMA_CHECK_FINITE, the activations) and kTorchFallback:
+   inputs norma does not take (another device or dtype, no values) are computed by torch's own
+   functions instead of raising.  Parameters are converted to float32 (float64 for float64
+   storage) for the C call; parameter gradients come back in the parameter's dtype.  Double
+   backward is not supported (the gradients raise if differentiated). */
+#include <cmath>
+#include <limits>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+
+#include "norma_torch.h"
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace norma_torch {
+namespace {
+
+using OptT = c10::optional<at::Tensor>;
+
+at::Tensor opt_(const OptT &t) { return t.has_value() ? *t : at::Tensor(); }
+bool needs_grad(const at::Tensor &t) { return t.defined() && t.requires_grad(); }
+
+norma_dtype ndtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return NORMA_F64;
+    case at::kHalf: return NORMA_F16;
+    case at::kBFloat16: return NORMA_BF16;
+    default: return NORMA_F32;
+  }
+}
+
+bool takes(const at::Tensor &x) {
+  return x.device().is_cpu() && supported_dtype(x.scalar_type()) && x.numel() > 0;
+}
+
+void refuse(const at::Tensor &x) {
+  TORCH_CHECK_TYPE(supported_dtype(x.scalar_type()), "input has dtype ", x.scalar_type(),
+                   "; norma supports float32, float64, float16 and bfloat16");
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "input is on ", x.device(),
+                    ": norma runs on CPU tensors");
+  TORCH_CHECK_VALUE(false, "input has no values (shape ", x.sizes(), ")");
+}
+
+/* A per-element / per-channel parameter for the C call: contiguous, of type pdt. */
+at::Tensor pin(const at::Tensor &p, int64_t numel, at::ScalarType pdt, const char *name) {
+  if (!p.defined()) return p;
+  TORCH_CHECK_VALUE(p.device().is_cpu(), name, " is on ", p.device(),
+                    ": norma runs on CPU tensors");
+  TORCH_CHECK_VALUE(p.numel() == numel, name, " must have ", numel, " elements (got shape ",
+                    p.sizes(), ")");
+  if (p.scalar_type() == pdt && p.is_contiguous()) return p;
+  return p.detach().to(pdt).contiguous();
+}
+
+at::Tensor grad_to(const at::Tensor &g, const at::Tensor &like) {
+  if (!g.defined() || !like.defined() || g.scalar_type() == like.scalar_type()) return g;
+  return g.to(like.scalar_type());
+}
+
+/* Double backward is not supported: the gradients go out through a node that raises if they
+   are differentiated (Python's @once_differentiable). */
+variable_list once_diff(variable_list out, const variable_list &grads, const char *what) {
+  bool grad_needed = false;
+  for (const auto &g : grads) grad_needed = grad_needed || (g.defined() && g.requires_grad());
+  if (!at::GradMode::is_enabled() || !grad_needed) return out;
+  variable_list in;
+  for (auto &v : out) {
+    at::Tensor t;
+    if (v.defined()) {
+      t = v.detach();
+      t.set_requires_grad(true);
+    }
+    in.push_back(t);
+  }
+  auto err = std::make_shared<torch::autograd::DelayedError>(
+      std::string("norma's ") + what + " backward is not differentiable (double backward is "
+      "not supported)", (int)in.size());
+  auto res = err->apply(std::move(in));
+  for (size_t i = 0; i < res.size(); i++)
+    if (!out[i].defined()) res[i] = at::Tensor();
+  return res;
+}
+
+/* The autograd edges are numbered over the defined tensor arguments only. */
+struct Edges {
+  int idx[4] = {-1, -1, -1, -1};
+  static Edges of(std::initializer_list<const at::Tensor *> ts) {
+    Edges e;
+    int k = 0, i = 0;
+    for (auto *t : ts) {
+      if (t->defined()) e.idx[i] = k++;
+      i++;
+    }
+    return e;
+  }
+  int64_t pack() const {
+    int64_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (int64_t)(idx[i] + 1) << (8 * i);
+    return v;
+  }
+  static Edges unpack(int64_t v) {
+    Edges e;
+    for (int i = 0; i < 4; i++) e.idx[i] = (int)((v >> (8 * i)) & 0xff) - 1;
+    return e;
+  }
+  bool needs(AutogradContext *ctx, int i) const {
+    return idx[i] >= 0 && ctx->needs_input_grad((size_t)idx[i]);
+  }
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* LayerNorm and RMSNorm                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+int64_t ln_size(const at::Tensor &x, at::IntArrayRef ns) {
+  const int64_t k = (int64_t)ns.size();
+  bool ok = k >= 1 && x.dim() >= k;
+  int64_t d = 1;
+  for (int64_t i = 0; ok && i < k; i++) {
+    ok = x.size(x.dim() - k + i) == ns[i];
+    d *= ns[i];
+  }
+  TORCH_CHECK_VALUE(ok, "Given normalized_shape=", ns, ", expected input with shape [*",
+                    [&] {
+                      std::string s;
+                      for (auto v : ns) s += ", " + std::to_string(v);
+                      return s;
+                    }(),
+                    "], but got input of size", x.sizes());
+  return d;
+}
+
+struct LnOut {
+  at::Tensor x, y, h, mean, invstd; /* x: the contiguous input (h with a residual) */
+};
+
+LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &residual,
+                      const at::Tensor &weight, const at::Tensor &bias, int64_t d, double eps,
+                      int64_t flags) {
+  LnOut o;
+  const at::Tensor x = input.is_contiguous() ? input : input.contiguous();
+  at::Tensor r;
+  if (residual.defined()) {
+    TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), "residual has shape ",
+                      residual.sizes(), ", expected ", input.sizes(), " (the shape of x)");
+    TORCH_CHECK_VALUE(residual.device().is_cpu(), "residual is on ", residual.device(),
+                      ": norma runs on CPU tensors");
+    r = residual.is_contiguous() ? residual : residual.contiguous();
+  }
+  const at::ScalarType pdt = param_type(x.scalar_type());
+  const at::Tensor w = pin(weight, d, pdt, "weight");
+  const at::Tensor b = rms ? at::Tensor() : pin(bias, d, pdt, "bias");
+  const int64_t rows = x.numel() / d;
+  o.y = at::empty(x.sizes(), x.options());
+  if (r.defined()) o.h = at::empty(x.sizes(), x.options());
+  auto popts = x.options().dtype(pdt);
+  if (!rms) o.mean = at::empty({rows}, popts);
+  o.invstd = at::empty({rows}, popts);
+  norma_ln_desc dd;
+  dd.rows = rows;
+  dd.d = d;
+  dd.dtype = ndtype(x.scalar_type());
+  dd.eps = eps;
+  dd.flags = (unsigned)(flags & kCFlags);
+  if (rms)
+    check(norma_rms_forward(&dd, x.data_ptr(), ptr(r), ptr(w), o.y.data_ptr(), ptr(o.h),
+                            o.invstd.data_ptr()),
+          "norma_rms_forward");
+  else
+    check(norma_ln_forward(&dd, x.data_ptr(), ptr(r), ptr(w), ptr(b), o.y.data_ptr(), ptr(o.h),
+                           o.mean.data_ptr(), o.invstd.data_ptr()),
+          "norma_ln_forward");
+  o.x = r.defined() ? o.h : x;
+  return o;
+}
+
+struct LnFn : public torch::autograd::Function<LnFn> {
+  /* returns {y} or {y, h} */
+  static variable_list forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
+                               const OptT &bias, const OptT &residual, int64_t d, double eps,
+                               int64_t flags, bool rms) {
+    const at::Tensor w = opt_(weight), b = opt_(bias), r = opt_(residual);
+    LnOut o = ln_forward_impl(rms, x, r, w, b, d, eps, flags);
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({o.x, w, o.mean, o.invstd});
+    ctx->saved_data["d"] = d;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["flags"] = flags & NORMA_CHECK_FINITE;
+    ctx->saved_data["rms"] = rms;
+    ctx->saved_data["edges"] = Edges::of({&x, &w, &b, &r}).pack();
+    if (b.defined()) ctx->saved_data["bias_dtype"] = (int64_t)b.scalar_type();
+    if (r.defined()) return {o.y, o.h};
+    return {o.y};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1], &mean = s[2], &invstd = s[3];
+    const int64_t d = ctx->saved_data["d"].toInt();
+    const bool rms = ctx->saved_data["rms"].toBool();
+    const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
+    const bool nw = e.needs(ctx, 1), nb = e.needs(ctx, 2);
+    at::Tensor gy = grads[0];
+    at::Tensor gh = grads.size() > 1 ? grads[1] : at::Tensor();
+    if (!gy.defined()) gy = at::zeros(x.sizes(), x.options());
+    TORCH_CHECK_TYPE(gy.scalar_type() == x.scalar_type(), "grad_output has dtype ",
+                     gy.scalar_type(), ", expected ", x.scalar_type());
+    if (!gy.is_contiguous()) gy = gy.contiguous();
+    if (gh.defined()) {
+      if (gh.scalar_type() != x.scalar_type()) gh = gh.to(x.scalar_type());
+      if (!gh.is_contiguous()) gh = gh.contiguous();
+    }
+    const at::ScalarType pdt = param_type(x.scalar_type());
+    const at::Tensor wp = pin(w, d, pdt, "weight");
+    at::Tensor dx = at::empty(x.sizes(), x.options());
+    at::Tensor dw = nw ? at::empty({d}, x.options().dtype(pdt)) : at::Tensor();
+    at::Tensor db = nb ? at::empty({d}, x.options().dtype(pdt)) : at::Tensor();
+    norma_ln_desc dd;
+    dd.rows = x.numel() / d;
+    dd.d = d;
+    dd.dtype = ndtype(x.scalar_type());
+    dd.eps = ctx->saved_data["eps"].toDouble();
+    dd.flags = (unsigned)ctx->saved_data["flags"].toInt();
+    if (rms)
+      check(norma_rms_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp),
+                               invstd.data_ptr(), dx.data_ptr(), ptr(dw)),
+            "norma_rms_backward");
+    else
+      check(norma_ln_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp),
+                              mean.data_ptr(), invstd.data_ptr(), dx.data_ptr(), ptr(dw),
+                              ptr(db)),
+            "norma_ln_backward");
+    variable_list out{dx, grad_to(dw, w), db, e.idx[3] >= 0 ? dx : at::Tensor()};
+    if (out[2].defined()) { /* bias is not saved: its dtype travels in saved_data */
+      const auto bt = ctx->saved_data.find("bias_dtype");
+      if (bt != ctx->saved_data.end()) out[2] = out[2].to((at::ScalarType)bt->second.toInt());
+    }
+    out = once_diff(std::move(out), grads, rms ? "RMSNorm" : "LayerNorm");
+    out.resize(8); /* d, eps, flags, rms */
+    return out;
+  }
+};
+
+variable_list ln_dispatch(bool rms, const at::Tensor &input, const OptT &residual_,
+                          at::IntArrayRef ns, const OptT &weight_, const OptT &bias_, double eps,
+                          int64_t flags) {
+  const at::Tensor weight = opt_(weight_), bias = rms ? at::Tensor() : opt_(bias_),
+                   residual = opt_(residual_);
+  const int64_t d = ln_size(input, ns);
+  const bool fused = residual.defined();
+  if (!takes(input) || (fused && residual.scalar_type() != input.scalar_type())) {
+    if (!takes(input) && !(flags & kTorchFallback)) refuse(input);
+    /* torch's own computation (another device or dtype, no values, mixed dtypes) */
+    at::Tensor h = fused ? input + residual : input;
+    at::Tensor y;
+    if (rms) {
+      std::vector<int64_t> dims;
+      for (int64_t i = 0; i < (int64_t)ns.size(); i++) dims.push_back(h.dim() - 1 - i);
+      y = h * at::rsqrt(h.pow(2).mean(dims, true) + eps);
+      if (weight.defined()) y = y * weight;
+    } else {
+      y = at::layer_norm(h, ns, weight, bias, eps);
+    }
+    return fused ? variable_list{y, h} : variable_list{y};
+  }
+  const bool grad = at::GradMode::is_enabled() &&
+                    (needs_grad(input) || needs_grad(weight) || needs_grad(bias) ||
+                     needs_grad(residual));
+  if (!grad) {
+    LnOut o = ln_forward_impl(rms, input, residual, weight, bias, d, eps, flags);
+    return fused ? variable_list{o.y, o.h} : variable_list{o.y};
+  }
+  return LnFn::apply(input, weight_, rms ? OptT() : bias_, residual_, d, eps, flags, rms);
+}
+
+double rms_eps(const at::Tensor &x, c10::optional<double> eps) {
+  if (eps.has_value()) return *eps;
+  switch (x.scalar_type()) {
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
+    case at::kHalf: return 0.0009765625;     /* torch.finfo(float16).eps */
+    case at::kBFloat16: return 0.0078125;    /* torch.finfo(bfloat16).eps */
+    default: return std::numeric_limits<float>::epsilon();
+  }
+}
+
+at::Tensor layer_norm(const at::Tensor &input, at::IntArrayRef normalized_shape,
+                      const OptT &weight, const OptT &bias, double eps, int64_t flags) {
+  return ln_dispatch(false, input, c10::nullopt, normalized_shape, weight, bias, eps, flags)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_residual(const at::Tensor &input,
+                                                       const at::Tensor &residual,
+                                                       at::IntArrayRef normalized_shape,
+                                                       const OptT &weight, const OptT &bias,
+                                                       double eps, int64_t flags) {
+  auto o = ln_dispatch(false, input, residual, normalized_shape, weight, bias, eps, flags);
+  return {o[0], o[1]};
+}
+
+at::Tensor rms_norm(const at::Tensor &input, at::IntArrayRef normalized_shape,
+                    const OptT &weight, c10::optional<double> eps, int64_t flags) {
+  return ln_dispatch(true, input, c10::nullopt, normalized_shape, weight, c10::nullopt,
+                     rms_eps(input, eps), flags)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor &input,
+                                                     const at::Tensor &residual,
+                                                     at::IntArrayRef normalized_shape,
+                                                     const OptT &weight,
+                                                     c10::optional<double> eps, int64_t flags) {
+  auto o = ln_dispatch(true, input, residual, normalized_shape, weight, c10::nullopt,
+                       rms_eps(input, eps), flags);
+  return {o[0], o[1]};
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GroupNorm and InstanceNorm                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+constexpr int64_t kActs = NORMA_RELU | NORMA_SILU;
+
+norma_gn_desc gn_desc(const Dense &X, int64_t groups, double eps, int64_t flags) {
+  norma_gn_desc d;
+  d.n = X.n;
+  d.c = X.c;
+  d.spatial = X.spatial;
+  d.groups = groups;
+  d.layout = X.layout;
+  d.dtype = X.dtype;
+  d.eps = eps;
+  d.flags = (unsigned)(flags & kCFlags);
+  return d;
+}
+
+norma_in_desc in_desc(const Dense &X, double eps, int64_t flags) {
+  norma_in_desc d;
+  d.n = X.n;
+  d.c = X.c;
+  d.spatial = X.spatial;
+  d.layout = X.layout;
+  d.dtype = X.dtype;
+  d.eps = eps;
+  d.flags = (unsigned)(flags & kCFlags);
+  return d;
+}
+
+/* The forward of GroupNorm (groups > 0) or InstanceNorm with instance statistics (groups ==
+   0): y, save_mean, save_invstd. */
+struct GnOut {
+  at::Tensor y, mean, invstd;
+};
+
+GnOut gn_forward_impl(const Dense &X, int64_t groups, const at::Tensor &w, const at::Tensor &b,
+                      const OptT &rmean, const OptT &rvar, double momentum, double eps,
+                      int64_t flags) {
+  GnOut o;
+  o.y = empty_like(X);
+  const int64_t per = groups > 0 ? groups : X.c;
+  auto popts = X.t.options().dtype(X.pdtype);
+  o.mean = at::empty({X.n * per}, popts);
+  o.invstd = at::empty({X.n * per}, popts);
+  if (groups > 0) {
+    const norma_gn_desc d = gn_desc(X, groups, eps, flags);
+    check(norma_gn_forward(&d, X.ptr(), ptr(w), ptr(b), o.y.data_ptr(), o.mean.data_ptr(),
+                           o.invstd.data_ptr()),
+          "norma_gn_forward");
+  } else {
+    InOut rm = param_inout(rmean, X.c, X.pdtype, "running_mean");
+    InOut rv = param_inout(rvar, X.c, X.pdtype, "running_var");
+    const norma_in_desc d = in_desc(X, eps, flags);
+    check(norma_in_forward_training(&d, X.ptr(), ptr(w), ptr(b), o.y.data_ptr(),
+                                    o.mean.data_ptr(), o.invstd.data_ptr(), rm.ptr(), rv.ptr(),
+                                    momentum),
+          "norma_in_forward_training");
+    rm.commit();
+    rv.commit();
+  }
+  return o;
+}
+
+struct GnFn : public torch::autograd::Function<GnFn> {
+  /* groups == 0: InstanceNorm (running statistics updated when given) */
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
+                            const OptT &bias, int64_t groups, const OptT &rmean,
+                            const OptT &rvar, double momentum, double eps, int64_t flags) {
+    const Dense X = dense(x, "input");
+    const at::Tensor w = opt_(weight), b = opt_(bias);
+    const at::Tensor wp = pin(w, X.c, X.pdtype, "weight"), bp = pin(b, X.c, X.pdtype, "bias");
+    GnOut o = gn_forward_impl(X, groups, wp, bp, rmean, rvar, momentum, eps, flags);
+    const bool relu = (flags & NORMA_RELU) != 0;
+    ctx->save_for_backward({X.t, relu ? o.y : at::Tensor(), w, b, o.mean, o.invstd});
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["flags"] = flags & (kActs | NORMA_CHECK_FINITE);
+    ctx->saved_data["edges"] = Edges::of({&x, &w, &b}).pack();
+    return o.y;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const int64_t groups = ctx->saved_data["groups"].toInt();
+    const int64_t flags = ctx->saved_data["flags"].toInt();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
+    const Dense X = dense(s[0], "x");
+    Dense Y;
+    if (flags & NORMA_RELU) Y = dense_like(s[1], X, "y");
+    const Dense DY = dense_like(grads[0], X, "grad_output");
+    const at::Tensor &w = s[2], &b = s[3];
+    const at::Tensor wp = pin(w, X.c, X.pdtype, "weight");
+    const at::Tensor bp = (flags & NORMA_SILU) ? pin(b, X.c, X.pdtype, "bias") : at::Tensor();
+    const bool nw = e.needs(ctx, 1), nb = e.needs(ctx, 2);
+    at::Tensor dx = empty_like(X);
+    at::Tensor dw = nw ? param_out(X) : at::Tensor();
+    at::Tensor db = nb ? param_out(X) : at::Tensor();
+    if (groups > 0) {
+      const norma_gn_desc d = gn_desc(X, groups, eps, flags);
+      check(norma_gn_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(),
+                              ptr(wp), ptr(bp), s[4].data_ptr(), s[5].data_ptr(),
+                              dx.data_ptr(), ptr(dw), ptr(db)),
+            "norma_gn_backward");
+    } else {
+      const norma_in_desc d = in_desc(X, eps, flags);
+      check(norma_in_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(),
+                              ptr(wp), ptr(bp), s[4].data_ptr(), s[5].data_ptr(),
+                              dx.data_ptr(), ptr(dw), ptr(db)),
+            "norma_in_backward");
+    }
+    variable_list out{dx, grad_to(dw, w), grad_to(db, b)};
+    out = once_diff(std::move(out), grads, groups > 0 ? "GroupNorm" : "InstanceNorm");
+    out.resize(9); /* groups, running_mean, running_var, momentum, eps, flags */
+    return out;
+  }
+};
+
+/* InstanceNorm with the running statistics (eval mode of a layer that tracks them): the
+   backward of constant statistics is BatchNorm's with NORMA_BN_GLOBAL_STATS. */
+struct InEvalFn : public torch::autograd::Function<InEvalFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
+                            const OptT &bias, const at::Tensor &rmean, const at::Tensor &rvar,
+                            double eps, int64_t flags) {
+    const Dense X = dense(x, "input");
+    const at::Tensor w = opt_(weight), b = opt_(bias);
+    const at::Tensor m = pin(rmean, X.c, X.pdtype, "running_mean");
+    const at::Tensor v = pin(rvar, X.c, X.pdtype, "running_var");
+    at::Tensor y = empty_like(X);
+    const norma_in_desc d = in_desc(X, eps, flags);
+    check(norma_in_forward_inference(&d, X.ptr(), ptr(pin(w, X.c, X.pdtype, "weight")),
+                                     ptr(pin(b, X.c, X.pdtype, "bias")), m.data_ptr(),
+                                     v.data_ptr(), y.data_ptr()),
+          "norma_in_forward_inference");
+    at::Tensor sm = m.clone();
+    at::Tensor si = (v.to(at::kDouble) + eps).rsqrt().to(X.pdtype);
+    ctx->save_for_backward({X.t, (flags & NORMA_RELU) ? y : at::Tensor(), w, b, sm, si});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["flags"] = flags & (NORMA_RELU | NORMA_CHECK_FINITE);
+    ctx->saved_data["edges"] = Edges::of({&x, &w, &b}).pack();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const int64_t flags = ctx->saved_data["flags"].toInt();
+    const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
+    const Dense X = dense(s[0], "x");
+    Dense Y;
+    if (flags & NORMA_RELU) Y = dense_like(s[1], X, "y");
+    const Dense DY = dense_like(grads[0], X, "grad_output");
+    const at::Tensor &w = s[2], &b = s[3];
+    const bool nw = e.needs(ctx, 1), nb = e.needs(ctx, 2);
+    at::Tensor dx = empty_like(X);
+    at::Tensor dw = nw ? param_out(X) : at::Tensor();
+    at::Tensor db = nb ? param_out(X) : at::Tensor();
+    const norma_bn_desc d =
+        X.desc(ctx->saved_data["eps"].toDouble(), flags | NORMA_BN_GLOBAL_STATS);
+    check(norma_bn_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(),
+                            ptr(pin(w, X.c, X.pdtype, "weight")),
+                            ptr(pin(b, X.c, X.pdtype, "bias")), s[4].data_ptr(),
+                            s[5].data_ptr(), dx.data_ptr(), nullptr, ptr(dw), ptr(db)),
+          "norma_bn_backward");
+    variable_list out{dx, grad_to(dw, w), grad_to(db, b)};
+    out = once_diff(std::move(out), grads, "InstanceNorm");
+    out.resize(7);
+    return out;
+  }
+};
+
+at::Tensor torch_act(at::Tensor y, int64_t flags) {
+  if (flags & NORMA_SILU) return at::silu(y);
+  if (flags & NORMA_RELU) return at::relu(y);
+  return y;
+}
+
+at::Tensor group_norm(const at::Tensor &input, int64_t num_groups, const OptT &weight_,
+                      const OptT &bias_, double eps, int64_t flags) {
+  const at::Tensor weight = opt_(weight_), bias = opt_(bias_);
+  TORCH_CHECK_VALUE(!((flags & NORMA_RELU) && (flags & NORMA_SILU)),
+                    "group_norm: NORMA_RELU and NORMA_SILU exclude each other");
+  TORCH_CHECK_VALUE(input.dim() >= 2, "group_norm: expected an input [N, C, *], got shape ",
+                    input.sizes());
+  const int64_t c = input.size(1);
+  TORCH_CHECK_VALUE(num_groups > 0 && c % num_groups == 0,
+                    "Expected number of channels in input to be divisible by num_groups, but "
+                    "got input of shape ",
+                    input.sizes(), " and num_groups=", num_groups);
+  TORCH_CHECK_VALUE(!weight.defined() || weight.numel() == c, "weight must have ", c,
+                    " elements (the channels of the input), got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(!bias.defined() || bias.numel() == c, "bias must have ", c,
+                    " elements (the channels of the input), got shape ", bias.sizes());
+  if (!takes(input)) {
+    if (!(flags & kTorchFallback)) refuse(input);
+    return torch_act(at::group_norm(input, num_groups, weight, bias, eps), flags);
+  }
+  if (input.dim() > 5) { /* [N, C, s1, ..., sk]: as [N, C, s1 * ... * sk] */
+    at::Tensor y = group_norm(input.contiguous().view({input.size(0), c, -1}), num_groups,
+                              weight_, bias_, eps, flags);
+    return y.view(input.sizes());
+  }
+  const bool grad = at::GradMode::is_enabled() &&
+                    (needs_grad(input) || needs_grad(weight) || needs_grad(bias));
+  if (grad)
+    return GnFn::apply(input, weight_, bias_, num_groups, c10::nullopt, c10::nullopt, 0.0, eps,
+                       flags);
+  const Dense X = dense(input, "input");
+  return gn_forward_impl(X, num_groups, pin(weight, c, X.pdtype, "weight"),
+                         pin(bias, c, X.pdtype, "bias"), c10::nullopt, c10::nullopt, 0.0, eps,
+                         flags)
+      .y;
+}
+
+at::Tensor instance_norm(const at::Tensor &input, const OptT &weight_, const OptT &bias_,
+                         const OptT &running_mean, const OptT &running_var, bool use_input_stats,
+                         double momentum, double eps, int64_t flags) {
+  const at::Tensor weight = opt_(weight_), bias = opt_(bias_);
+  const at::Tensor rm = opt_(running_mean), rv = opt_(running_var);
+  TORCH_CHECK_VALUE(input.dim() >= 3, "instance_norm: expected an input [N, C, *] with at least "
+                    "one spatial dimension, got shape ", input.sizes());
+  const int64_t c = input.size(1);
+  for (auto *p : {&weight, &bias, &rm, &rv})
+    TORCH_CHECK_VALUE(!p->defined() || p->numel() == c, "instance_norm: a per-channel "
+                      "parameter or statistic has shape ", p->sizes(), " but the input has ", c,
+                      " channels");
+  TORCH_CHECK_VALUE(use_input_stats || (rm.defined() && rv.defined()),
+                    "Expected running_mean and running_var to be defined when use_input_stats "
+                    "is false");
+  if (use_input_stats) {
+    int64_t spatial = 1;
+    for (int64_t i = 2; i < input.dim(); i++) spatial *= input.size(i);
+    TORCH_CHECK_VALUE(spatial != 1,
+                      "Expected more than 1 spatial element when training, got input size ",
+                      input.sizes());
+  }
+  if (!takes(input)) {
+    if (!(flags & kTorchFallback)) refuse(input);
+    return torch_act(at::instance_norm(input, weight, bias, rm, rv, use_input_stats, momentum,
+                                       eps, false),
+                     flags);
+  }
+  if (input.dim() > 5) {
+    at::Tensor y = instance_norm(input.contiguous().view({input.size(0), c, -1}), weight_,
+                                 bias_, running_mean, running_var, use_input_stats, momentum,
+                                 eps, flags);
+    return y.view(input.sizes());
+  }
+  const bool grad = at::GradMode::is_enabled() &&
+                    (needs_grad(input) || needs_grad(weight) || needs_grad(bias));
+  if (use_input_stats) {
+    if (grad)
+      return GnFn::apply(input, weight_, bias_, 0, running_mean, running_var, momentum, eps,
+                         flags);
+    const Dense X = dense(input, "input");
+    return gn_forward_impl(X, 0, pin(weight, c, X.pdtype, "weight"),
+                           pin(bias, c, X.pdtype, "bias"), running_mean, running_var, momentum,
+                           eps, flags)
+        .y;
+  }
+  TORCH_CHECK_VALUE(!(flags & NORMA_SILU), "instance_norm: NORMA_SILU with running statistics "
+                    "is not supported");
+  if (grad) return InEvalFn::apply(input, weight_, bias_, rm, rv, eps, flags);
+  const Dense X = dense(input, "input");
+  at::Tensor y = empty_like(X);
+  const norma_in_desc d = in_desc(X, eps, flags);
+  check(norma_in_forward_inference(&d, X.ptr(), ptr(pin(weight, c, X.pdtype, "weight")),
+                                   ptr(pin(bias, c, X.pdtype, "bias")),
+                                   ptr(pin(rm, c, X.pdtype, "running_mean")),
+                                   ptr(pin(rv, c, X.pdtype, "running_var")), y.data_ptr()),
+        "norma_in_forward_inference");
+  return y;
+}
+
+}  // namespace
+}  // namespace norma_torch
+
+TORCH_LIBRARY_FRAGMENT(norma, m) {
+  using namespace norma_torch;
+  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, "
+        "float eps, int flags) -> Tensor",
+        &layer_norm);
+  m.def("layer_norm_residual(Tensor input, Tensor residual, int[] normalized_shape, "
+        "Tensor? weight, Tensor? bias, float eps, int flags) -> (Tensor, Tensor)",
+        &layer_norm_residual);
+  m.def("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float? eps, int flags) "
+        "-> Tensor",
+        &rms_norm);
+  m.def("rms_norm_residual(Tensor input, Tensor residual, int[] normalized_shape, "
+        "Tensor? weight, float? eps, int flags) -> (Tensor, Tensor)",
+        &rms_norm_residual);
+  m.def("group_norm(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+        "int flags) -> Tensor",
+        &group_norm);
+  m.def("instance_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, bool use_input_stats, float momentum, float eps, int flags) "
+        "-> Tensor",
+        &instance_norm);
+}
