@@ -194,13 +194,14 @@ LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &resid
 struct LnFn : public torch::autograd::Function<LnFn> {
   /* returns {y} or {y, h} */
   static variable_list forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
-                               const OptT &bias, const OptT &residual, int64_t d, double eps,
-                               int64_t flags, bool rms) {
+                               const OptT &bias, const OptT &residual, int64_t d, int64_t k,
+                               double eps, int64_t flags, bool rms) {
     const at::Tensor w = opt_(weight), b = opt_(bias), r = opt_(residual);
     LnOut o = ln_forward_impl(rms, x, r, w, b, d, eps, flags);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({o.x, w, o.mean, o.invstd});
     ctx->saved_data["d"] = d;
+    ctx->saved_data["k"] = k; /* the rank of normalized_shape: the parameters' shape */
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["flags"] = flags & NORMA_CHECK_FINITE;
     ctx->saved_data["rms"] = rms;
@@ -247,13 +248,16 @@ struct LnFn : public torch::autograd::Function<LnFn> {
                               mean.data_ptr(), invstd.data_ptr(), dx.data_ptr(), ptr(dw),
                               ptr(db)),
             "norma_ln_backward");
+    const auto pshape = x.sizes().slice(x.dim() - ctx->saved_data["k"].toInt());
+    if (dw.defined()) dw = dw.view(pshape);
+    if (db.defined()) db = db.view(pshape);
     variable_list out{dx, grad_to(dw, w), db, e.idx[3] >= 0 ? dx : at::Tensor()};
     if (out[2].defined()) { /* bias is not saved: its dtype travels in saved_data */
       const auto bt = ctx->saved_data.find("bias_dtype");
       if (bt != ctx->saved_data.end()) out[2] = out[2].to((at::ScalarType)bt->second.toInt());
     }
     out = once_diff(std::move(out), grads, rms ? "RMSNorm" : "LayerNorm");
-    out.resize(8); /* d, eps, flags, rms */
+    out.resize(9); /* d, k, eps, flags, rms */
     return out;
   }
 };
@@ -287,7 +291,8 @@ variable_list ln_dispatch(bool rms, const at::Tensor &input, const OptT &residua
     LnOut o = ln_forward_impl(rms, input, residual, weight, bias, d, eps, flags);
     return fused ? variable_list{o.y, o.h} : variable_list{o.y};
   }
-  return LnFn::apply(input, weight_, rms ? OptT() : bias_, residual_, d, eps, flags, rms);
+  return LnFn::apply(input, weight_, rms ? OptT() : bias_, residual_, d, (int64_t)ns.size(), eps,
+                     flags, rms);
 }
 
 double rms_eps(const at::Tensor &x, c10::optional<double> eps) {

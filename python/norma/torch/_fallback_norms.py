@@ -106,12 +106,12 @@ def _ln_forward(rms, x, r, w, b, d, eps, flags):
 
 class _LnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, d, eps, flags, rms):
+    def forward(ctx, x, weight, bias, residual, d, k, eps, flags, rms):
         y, h, xs, mean, invstd = _ln_forward(rms, x, residual, weight, bias, d, eps, flags)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(xs, weight)  # h (an output) with a residual, else x
         ctx.mean, ctx.invstd = mean, invstd
-        ctx.d, ctx.eps, ctx.flags, ctx.rms = d, eps, flags & CHECK_FINITE, rms
+        ctx.d, ctx.k, ctx.eps, ctx.flags, ctx.rms = d, k, eps, flags & CHECK_FINITE, rms
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.fused = residual is not None
         if residual is not None:
@@ -143,10 +143,13 @@ class _LnFunction(torch.autograd.Function):
             call("norma_ln_backward", ctypes.byref(desc), x.data_ptr(), gy.data_ptr(), _ptr(gh),
                  _ptr(wp), ctx.mean.data_ptr(), ctx.invstd.data_ptr(), dx.data_ptr(), _ptr(dw),
                  _ptr(db))
+        pshape = x.shape[x.dim() - ctx.k:]
+        dw = dw.view(pshape) if dw is not None else None
+        db = db.view(pshape) if db is not None else None
         if db is not None and ctx.bias_dtype is not None and db.dtype != ctx.bias_dtype:
             db = db.to(ctx.bias_dtype)
         return (dx if need[0] else None, _grad_to(dw, w), db, dx if need[3] else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _ln_dispatch(rms, input, residual, ns, weight, bias, eps, flags):
@@ -167,7 +170,7 @@ def _ln_dispatch(rms, input, residual, ns, weight, bias, eps, flags):
             y = F.layer_norm(h, list(ns), weight, bias, eps)
         return (y, h) if fused else y
     if torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias) or _rg(residual)):
-        return _LnFunction.apply(input, weight, bias, residual, d, eps, flags, rms)
+        return _LnFunction.apply(input, weight, bias, residual, d, len(ns), eps, flags, rms)
     y, h, _, _, _ = _ln_forward(rms, input, residual, weight, bias, d, eps, flags)
     return (y, h) if fused else y
 
@@ -293,8 +296,9 @@ class _InEvalFunction(torch.autograd.Function):
         db = torch.empty(X.c, dtype=pdt) if need[2] else None
         desc = BnDesc(X.n, X.c, X.spatial, X.layout, X.dtype, float(ctx.eps),
                       ctx.flags | BN_GLOBAL_STATS)
+        wp, bp = _pin(w, X.c, pdt, "weight"), _pin(b, X.c, pdt, "bias")
         call("norma_bn_backward", ctypes.byref(desc), X.ptr, Y.ptr if Y is not None else None,
-             DY.ptr, _ptr(_pin(w, X.c, pdt, "weight")), _ptr(_pin(b, X.c, pdt, "bias")),
+             DY.ptr, _ptr(wp), _ptr(bp),
              ctx.sm.data_ptr(), ctx.si.data_ptr(), DX.ptr, None, _ptr(dw), _ptr(db))
         return (DX.obj if need[0] else None, _grad_to(dw, w), _grad_to(db, b)) + (None,) * 4
 
@@ -303,9 +307,9 @@ def _in_inference(X, weight, bias, rmean, rvar, eps, flags):
     pdt = X.pdtype
     Y = _core.new_like(X)
     desc = _in_desc(X, eps, flags)
-    call("norma_in_forward_inference", ctypes.byref(desc), X.ptr,
-         _ptr(_pin(weight, X.c, pdt, "weight")), _ptr(_pin(bias, X.c, pdt, "bias")),
-         _ptr(_pin(rmean, X.c, pdt, "running_mean")), _ptr(_pin(rvar, X.c, pdt, "running_var")),
+    keep = [_pin(weight, X.c, pdt, "weight"), _pin(bias, X.c, pdt, "bias"),
+            _pin(rmean, X.c, pdt, "running_mean"), _pin(rvar, X.c, pdt, "running_var")]
+    call("norma_in_forward_inference", ctypes.byref(desc), X.ptr, *[_ptr(t) for t in keep],
          Y.ptr)
     return Y.obj
 
