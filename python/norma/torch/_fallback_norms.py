@@ -3,7 +3,9 @@ rms_norm_residual, group_norm, instance_norm with the operators' signatures (see
 autograd through torch.autograd.Function, one C call forward and one backward."""
 
 import ctypes
+import functools
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,20 @@ _FINFO_EPS = {t: torch.finfo(t).eps for t in _SUPPORTED}
 
 __all__ = ["layer_norm", "layer_norm_residual", "rms_norm", "rms_norm_residual", "group_norm",
            "instance_norm"]
+
+
+def _traceable(fn):
+    """Inside torch.jit.trace the operator records one autograd function; the sizes that the
+    checks and the ctypes call read are constants of the trace, so the tracer's warnings about
+    them are noise."""
+    @functools.wraps(fn)
+    def wrapper(*args):
+        if not torch.jit.is_tracing():
+            return fn(*args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return fn(*args)
+    return wrapper
 
 
 def _takes(x):
@@ -179,19 +195,23 @@ def _rms_eps(x, eps):
     return _FINFO_EPS.get(x.dtype, 1.1920928955078125e-07) if eps is None else eps
 
 
+@_traceable
 def layer_norm(input, normalized_shape, weight, bias, eps, flags):
     return _ln_dispatch(False, input, None, normalized_shape, weight, bias, eps, flags)
 
 
+@_traceable
 def layer_norm_residual(input, residual, normalized_shape, weight, bias, eps, flags):
     return _ln_dispatch(False, input, residual, normalized_shape, weight, bias, eps, flags)
 
 
+@_traceable
 def rms_norm(input, normalized_shape, weight, eps, flags):
     return _ln_dispatch(True, input, None, normalized_shape, weight, None,
                         _rms_eps(input, eps), flags)
 
 
+@_traceable
 def rms_norm_residual(input, residual, normalized_shape, weight, eps, flags):
     return _ln_dispatch(True, input, residual, normalized_shape, weight, None,
                         _rms_eps(input, eps), flags)
@@ -322,6 +342,7 @@ def _torch_act(y, flags):
     return y
 
 
+@_traceable
 def group_norm(input, num_groups, weight, bias, eps, flags):
     if flags & BN_RELU and flags & SILU:
         raise ValueError("group_norm: NORMA_RELU and NORMA_SILU exclude each other")
@@ -351,6 +372,7 @@ def group_norm(input, num_groups, weight, bias, eps, flags):
     return _gn_forward(X, num_groups, weight, bias, None, None, 0.0, eps, flags)[0]
 
 
+@_traceable
 def instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum,
                   eps, flags):
     if input.dim() < 3:
