@@ -151,9 +151,10 @@ struct LnOut {
   at::Tensor x, y, h, mean, invstd; /* x: the contiguous input (h with a residual) */
 };
 
+/* keep_stats: the statistics for a backward (without autograd none are written) */
 LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &residual,
                       const at::Tensor &weight, const at::Tensor &bias, int64_t d, double eps,
-                      int64_t flags) {
+                      int64_t flags, bool keep_stats) {
   LnOut o;
   const at::Tensor x = input.is_contiguous() ? input : input.contiguous();
   at::Tensor r;
@@ -171,8 +172,10 @@ LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &resid
   o.y = at::empty(x.sizes(), x.options());
   if (r.defined()) o.h = at::empty(x.sizes(), x.options());
   auto popts = x.options().dtype(pdt);
-  if (!rms) o.mean = at::empty({rows}, popts);
-  o.invstd = at::empty({rows}, popts);
+  if (keep_stats) {
+    if (!rms) o.mean = at::empty({rows}, popts);
+    o.invstd = at::empty({rows}, popts);
+  }
   norma_ln_desc dd;
   dd.rows = rows;
   dd.d = d;
@@ -181,11 +184,11 @@ LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &resid
   dd.flags = (unsigned)(flags & kCFlags);
   if (rms)
     check(norma_rms_forward(&dd, x.data_ptr(), ptr(r), ptr(w), o.y.data_ptr(), ptr(o.h),
-                            o.invstd.data_ptr()),
+                            ptr(o.invstd)),
           "norma_rms_forward");
   else
     check(norma_ln_forward(&dd, x.data_ptr(), ptr(r), ptr(w), ptr(b), o.y.data_ptr(), ptr(o.h),
-                           o.mean.data_ptr(), o.invstd.data_ptr()),
+                           ptr(o.mean), ptr(o.invstd)),
           "norma_ln_forward");
   o.x = r.defined() ? o.h : x;
   return o;
@@ -197,7 +200,7 @@ struct LnFn : public torch::autograd::Function<LnFn> {
                                const OptT &bias, const OptT &residual, int64_t d, int64_t k,
                                double eps, int64_t flags, bool rms) {
     const at::Tensor w = opt_(weight), b = opt_(bias), r = opt_(residual);
-    LnOut o = ln_forward_impl(rms, x, r, w, b, d, eps, flags);
+    LnOut o = ln_forward_impl(rms, x, r, w, b, d, eps, flags, true);
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({o.x, w, o.mean, o.invstd});
     ctx->saved_data["d"] = d;
@@ -288,7 +291,7 @@ variable_list ln_dispatch(bool rms, const at::Tensor &input, const OptT &residua
                     (needs_grad(input) || needs_grad(weight) || needs_grad(bias) ||
                      needs_grad(residual));
   if (!grad) {
-    LnOut o = ln_forward_impl(rms, input, residual, weight, bias, d, eps, flags);
+    LnOut o = ln_forward_impl(rms, input, residual, weight, bias, d, eps, flags, false);
     return fused ? variable_list{o.y, o.h} : variable_list{o.y};
   }
   return LnFn::apply(input, weight_, rms ? OptT() : bias_, residual_, d, (int64_t)ns.size(), eps,
@@ -374,25 +377,26 @@ struct GnOut {
 
 GnOut gn_forward_impl(const Dense &X, int64_t groups, const at::Tensor &w, const at::Tensor &b,
                       const OptT &rmean, const OptT &rvar, double momentum, double eps,
-                      int64_t flags) {
+                      int64_t flags, bool keep_stats) {
   GnOut o;
   o.y = empty_like(X);
   const int64_t per = groups > 0 ? groups : X.c;
   auto popts = X.t.options().dtype(X.pdtype);
-  o.mean = at::empty({X.n * per}, popts);
-  o.invstd = at::empty({X.n * per}, popts);
+  if (keep_stats) {
+    o.mean = at::empty({X.n * per}, popts);
+    o.invstd = at::empty({X.n * per}, popts);
+  }
   if (groups > 0) {
     const norma_gn_desc d = gn_desc(X, groups, eps, flags);
-    check(norma_gn_forward(&d, X.ptr(), ptr(w), ptr(b), o.y.data_ptr(), o.mean.data_ptr(),
-                           o.invstd.data_ptr()),
+    check(norma_gn_forward(&d, X.ptr(), ptr(w), ptr(b), o.y.data_ptr(), ptr(o.mean),
+                           ptr(o.invstd)),
           "norma_gn_forward");
   } else {
     InOut rm = param_inout(rmean, X.c, X.pdtype, "running_mean");
     InOut rv = param_inout(rvar, X.c, X.pdtype, "running_var");
     const norma_in_desc d = in_desc(X, eps, flags);
     check(norma_in_forward_training(&d, X.ptr(), ptr(w), ptr(b), o.y.data_ptr(),
-                                    o.mean.data_ptr(), o.invstd.data_ptr(), rm.ptr(), rv.ptr(),
-                                    momentum),
+                                    ptr(o.mean), ptr(o.invstd), rm.ptr(), rv.ptr(), momentum),
           "norma_in_forward_training");
     rm.commit();
     rv.commit();
@@ -408,7 +412,7 @@ struct GnFn : public torch::autograd::Function<GnFn> {
     const Dense X = dense(x, "input");
     const at::Tensor w = opt_(weight), b = opt_(bias);
     const at::Tensor wp = pin(w, X.c, X.pdtype, "weight"), bp = pin(b, X.c, X.pdtype, "bias");
-    GnOut o = gn_forward_impl(X, groups, wp, bp, rmean, rvar, momentum, eps, flags);
+    GnOut o = gn_forward_impl(X, groups, wp, bp, rmean, rvar, momentum, eps, flags, true);
     const bool relu = (flags & NORMA_RELU) != 0;
     ctx->save_for_backward({X.t, relu ? o.y : at::Tensor(), w, b, o.mean, o.invstd});
     ctx->saved_data["groups"] = groups;
@@ -546,7 +550,7 @@ at::Tensor group_norm(const at::Tensor &input, int64_t num_groups, const OptT &w
   const Dense X = dense(input, "input");
   return gn_forward_impl(X, num_groups, pin(weight, c, X.pdtype, "weight"),
                          pin(bias, c, X.pdtype, "bias"), c10::nullopt, c10::nullopt, 0.0, eps,
-                         flags)
+                         flags, false)
       .y;
 }
 
@@ -593,7 +597,7 @@ at::Tensor instance_norm(const at::Tensor &input, const OptT &weight_, const Opt
     const Dense X = dense(input, "input");
     return gn_forward_impl(X, 0, pin(weight, c, X.pdtype, "weight"),
                            pin(bias, c, X.pdtype, "bias"), running_mean, running_var, momentum,
-                           eps, flags)
+                           eps, flags, false)
         .y;
   }
   TORCH_CHECK_VALUE(!(flags & NORMA_SILU), "instance_norm: NORMA_SILU with running statistics "

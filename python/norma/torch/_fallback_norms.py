@@ -93,7 +93,7 @@ def _ln_size(x, ns):
     return int(math.prod(ns))
 
 
-def _ln_forward(rms, x, r, w, b, d, eps, flags):
+def _ln_forward(rms, x, r, w, b, d, eps, flags, keep_stats=True):
     x = x.detach()
     x = x if x.is_contiguous() else x.contiguous()
     if r is not None:
@@ -108,15 +108,15 @@ def _ln_forward(rms, x, r, w, b, d, eps, flags):
     rows = x.numel() // d
     y = torch.empty_like(x)
     h = torch.empty_like(x) if r is not None else None
-    mean = None if rms else torch.empty(rows, dtype=pdt)
-    invstd = torch.empty(rows, dtype=pdt)
+    mean = None if rms or not keep_stats else torch.empty(rows, dtype=pdt)
+    invstd = torch.empty(rows, dtype=pdt) if keep_stats else None
     desc = LnDesc(rows, d, _NDT[x.dtype], float(eps), int(flags) & C_FLAGS)
     if rms:
         call("norma_rms_forward", ctypes.byref(desc), x.data_ptr(), _ptr(r), _ptr(wp),
-             y.data_ptr(), _ptr(h), invstd.data_ptr())
+             y.data_ptr(), _ptr(h), _ptr(invstd))
     else:
         call("norma_ln_forward", ctypes.byref(desc), x.data_ptr(), _ptr(r), _ptr(wp), _ptr(bp),
-             y.data_ptr(), _ptr(h), mean.data_ptr(), invstd.data_ptr())
+             y.data_ptr(), _ptr(h), _ptr(mean), _ptr(invstd))
     return y, h, (h if r is not None else x), mean, invstd
 
 
@@ -187,7 +187,7 @@ def _ln_dispatch(rms, input, residual, ns, weight, bias, eps, flags):
         return (y, h) if fused else y
     if torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias) or _rg(residual)):
         return _LnFunction.apply(input, weight, bias, residual, d, len(ns), eps, flags, rms)
-    y, h, _, _, _ = _ln_forward(rms, input, residual, weight, bias, d, eps, flags)
+    y, h, _, _, _ = _ln_forward(rms, input, residual, weight, bias, d, eps, flags, False)
     return (y, h) if fused else y
 
 
@@ -231,24 +231,24 @@ def _in_desc(X, eps, flags):
     return InDesc(X.n, X.c, X.spatial, X.layout, X.dtype, float(eps), int(flags) & C_FLAGS)
 
 
-def _gn_forward(X, groups, w, b, rmean, rvar, momentum, eps, flags):
+def _gn_forward(X, groups, w, b, rmean, rvar, momentum, eps, flags, keep_stats=True):
     pdt = X.pdtype
     wp = _pin(w, X.c, pdt, "weight")
     bp = _pin(b, X.c, pdt, "bias")
     Y = _core.new_like(X)
     per = groups if groups > 0 else X.c
-    mean = torch.empty(X.n * per, dtype=pdt)
-    invstd = torch.empty(X.n * per, dtype=pdt)
+    mean = torch.empty(X.n * per, dtype=pdt) if keep_stats else None
+    invstd = torch.empty(X.n * per, dtype=pdt) if keep_stats else None
     if groups > 0:
         desc = _gn_desc(X, groups, eps, flags)
         call("norma_gn_forward", ctypes.byref(desc), X.ptr, _ptr(wp), _ptr(bp), Y.ptr,
-             mean.data_ptr(), invstd.data_ptr())
+             _ptr(mean), _ptr(invstd))
     else:
         rm = _core.param_inout(rmean, X, "running_mean")
         rv = _core.param_inout(rvar, X, "running_var")
         desc = _in_desc(X, eps, flags)
         call("norma_in_forward_training", ctypes.byref(desc), X.ptr, _ptr(wp), _ptr(bp), Y.ptr,
-             mean.data_ptr(), invstd.data_ptr(), rm.ptr, rv.ptr, float(momentum))
+             _ptr(mean), _ptr(invstd), rm.ptr, rv.ptr, float(momentum))
         rm.finish()
         rv.finish()
     return Y.obj, mean, invstd
@@ -369,7 +369,7 @@ def group_norm(input, num_groups, weight, bias, eps, flags):
     if torch.is_grad_enabled() and (_rg(input) or _rg(weight) or _rg(bias)):
         return _GnFunction.apply(input, weight, bias, num_groups, None, None, 0.0, eps, flags)
     X = _core.prepare(input, None, "input")
-    return _gn_forward(X, num_groups, weight, bias, None, None, 0.0, eps, flags)[0]
+    return _gn_forward(X, num_groups, weight, bias, None, None, 0.0, eps, flags, False)[0]
 
 
 @_traceable
@@ -405,7 +405,7 @@ def instance_norm(input, weight, bias, running_mean, running_var, use_input_stat
                                      momentum, eps, flags)
         X = _core.prepare(input, None, "input")
         return _gn_forward(X, 0, weight, bias, running_mean, running_var, momentum, eps,
-                           flags)[0]
+                           flags, False)[0]
     if flags & SILU:
         raise ValueError("instance_norm: NORMA_SILU with running statistics is not supported")
     if grad:
