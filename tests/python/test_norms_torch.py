@@ -805,3 +805,18 @@ def test_trace_with_ctypes_backend():
         x = torch.randn(2, 3, 5, 5)
         traced = torch.jit.trace(model, x, check_trace=False)
         close(traced(x), model(x).double(), torch.float32)
+
+
+def test_bench_norms_small_run():
+    """examples/bench_norms.py --small finishes and prints its table (no timing asserted)."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, os.path.join(repo, "examples", "bench_norms.py"),
+                          "--small", "--threads", "1"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [l for l in out.stdout.splitlines() if l.split()[:1] and l.split()[0] in (
+        "LayerNorm", "RMSNorm", "GroupNorm(32)", "InstanceNorm2d")]
+    assert len(rows) == 12, out.stdout
