@@ -194,6 +194,59 @@ LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &resid
   return o;
 }
 
+struct LnGrads {
+  at::Tensor dx, dw, db; /* dw, db in the parameter type (float, double for float64) */
+};
+
+/* One norma_ln_backward / norma_rms_backward call.  x: the normalized input (h with a
+   residual); gh: the gradient reaching h from elsewhere (or undefined); k: the rank of
+   normalized_shape (the shape of dw, db). */
+LnGrads ln_backward_impl(bool rms, const at::Tensor &x_, at::Tensor gy, at::Tensor gh,
+                         const at::Tensor &w, const at::Tensor &mean, const at::Tensor &invstd,
+                         int64_t d, int64_t k, double eps, int64_t flags, bool nw, bool nb) {
+  const at::Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
+  if (!gy.defined()) gy = at::zeros(x.sizes(), x.options());
+  TORCH_CHECK_VALUE(gy.sizes() == x.sizes(), "grad_output has shape ", gy.sizes(),
+                    ", expected ", x.sizes());
+  TORCH_CHECK_TYPE(gy.scalar_type() == x.scalar_type(), "grad_output has dtype ",
+                   gy.scalar_type(), ", expected ", x.scalar_type());
+  if (!gy.is_contiguous()) gy = gy.contiguous();
+  if (gh.defined()) {
+    TORCH_CHECK_VALUE(gh.sizes() == x.sizes(), "the gradient of h has shape ", gh.sizes(),
+                      ", expected ", x.sizes());
+    if (gh.scalar_type() != x.scalar_type()) gh = gh.to(x.scalar_type());
+    if (!gh.is_contiguous()) gh = gh.contiguous();
+  }
+  const at::ScalarType pdt = param_type(x.scalar_type());
+  const int64_t rows = x.numel() / d;
+  const at::Tensor wp = pin(w, d, pdt, "weight");
+  const at::Tensor mp = rms ? at::Tensor() : pin(mean, rows, pdt, "save_mean");
+  const at::Tensor ip = pin(invstd, rows, pdt, rms ? "save_invrms" : "save_invstd");
+  TORCH_CHECK_VALUE(ip.defined() && (rms || mp.defined()), "the saved statistics are required");
+  LnGrads g;
+  g.dx = at::empty(x.sizes(), x.options());
+  if (nw) g.dw = at::empty({d}, x.options().dtype(pdt));
+  if (nb && !rms) g.db = at::empty({d}, x.options().dtype(pdt));
+  norma_ln_desc dd;
+  dd.rows = rows;
+  dd.d = d;
+  dd.dtype = ndtype(x.scalar_type());
+  dd.eps = eps;
+  dd.flags = (unsigned)(flags & kCFlags);
+  if (rms)
+    check(norma_rms_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp), ip.data_ptr(),
+                             g.dx.data_ptr(), ptr(g.dw)),
+          "norma_rms_backward");
+  else
+    check(norma_ln_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp), mp.data_ptr(),
+                            ip.data_ptr(), g.dx.data_ptr(), ptr(g.dw), ptr(g.db)),
+          "norma_ln_backward");
+  const auto pshape = x.sizes().slice(x.dim() - k);
+  if (g.dw.defined()) g.dw = g.dw.view(pshape);
+  if (g.db.defined()) g.db = g.db.view(pshape);
+  return g;
+}
+
 struct LnFn : public torch::autograd::Function<LnFn> {
   /* returns {y} or {y, h} */
   static variable_list forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
@@ -217,44 +270,15 @@ struct LnFn : public torch::autograd::Function<LnFn> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1], &mean = s[2], &invstd = s[3];
-    const int64_t d = ctx->saved_data["d"].toInt();
     const bool rms = ctx->saved_data["rms"].toBool();
     const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
-    const bool nw = e.needs(ctx, 1), nb = e.needs(ctx, 2);
-    at::Tensor gy = grads[0];
-    at::Tensor gh = grads.size() > 1 ? grads[1] : at::Tensor();
-    if (!gy.defined()) gy = at::zeros(x.sizes(), x.options());
-    TORCH_CHECK_TYPE(gy.scalar_type() == x.scalar_type(), "grad_output has dtype ",
-                     gy.scalar_type(), ", expected ", x.scalar_type());
-    if (!gy.is_contiguous()) gy = gy.contiguous();
-    if (gh.defined()) {
-      if (gh.scalar_type() != x.scalar_type()) gh = gh.to(x.scalar_type());
-      if (!gh.is_contiguous()) gh = gh.contiguous();
-    }
-    const at::ScalarType pdt = param_type(x.scalar_type());
-    const at::Tensor wp = pin(w, d, pdt, "weight");
-    at::Tensor dx = at::empty(x.sizes(), x.options());
-    at::Tensor dw = nw ? at::empty({d}, x.options().dtype(pdt)) : at::Tensor();
-    at::Tensor db = nb ? at::empty({d}, x.options().dtype(pdt)) : at::Tensor();
-    norma_ln_desc dd;
-    dd.rows = x.numel() / d;
-    dd.d = d;
-    dd.dtype = ndtype(x.scalar_type());
-    dd.eps = ctx->saved_data["eps"].toDouble();
-    dd.flags = (unsigned)ctx->saved_data["flags"].toInt();
-    if (rms)
-      check(norma_rms_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp),
-                               invstd.data_ptr(), dx.data_ptr(), ptr(dw)),
-            "norma_rms_backward");
-    else
-      check(norma_ln_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp),
-                              mean.data_ptr(), invstd.data_ptr(), dx.data_ptr(), ptr(dw),
-                              ptr(db)),
-            "norma_ln_backward");
-    const auto pshape = x.sizes().slice(x.dim() - ctx->saved_data["k"].toInt());
-    if (dw.defined()) dw = dw.view(pshape);
-    if (db.defined()) db = db.view(pshape);
-    variable_list out{dx, grad_to(dw, w), db, e.idx[3] >= 0 ? dx : at::Tensor()};
+    LnGrads g = ln_backward_impl(rms, x, grads[0], grads.size() > 1 ? grads[1] : at::Tensor(), w,
+                                 mean, invstd, ctx->saved_data["d"].toInt(),
+                                 ctx->saved_data["k"].toInt(),
+                                 ctx->saved_data["eps"].toDouble(),
+                                 ctx->saved_data["flags"].toInt(), e.needs(ctx, 1),
+                                 e.needs(ctx, 2));
+    variable_list out{g.dx, grad_to(g.dw, w), g.db, e.idx[3] >= 0 ? g.dx : at::Tensor()};
     if (out[2].defined()) { /* bias is not saved: its dtype travels in saved_data */
       const auto bt = ctx->saved_data.find("bias_dtype");
       if (bt != ctx->saved_data.end()) out[2] = out[2].to((at::ScalarType)bt->second.toInt());
@@ -404,6 +428,49 @@ GnOut gn_forward_impl(const Dense &X, int64_t groups, const at::Tensor &w, const
   return o;
 }
 
+struct GnGrads {
+  at::Tensor dx, dw, db; /* dw, db in the parameter type */
+};
+
+/* One norma_gn_backward (groups > 0) or norma_in_backward (groups == 0) call; y is needed
+   with NORMA_RELU (the mask), beta with NORMA_SILU. */
+GnGrads gn_backward_impl(int64_t groups, const at::Tensor &x, const at::Tensor &y,
+                         const at::Tensor &gy, const at::Tensor &w, const at::Tensor &b,
+                         const at::Tensor &mean, const at::Tensor &invstd, double eps,
+                         int64_t flags, bool nw, bool nb) {
+  const Dense X = dense(x, "x");
+  Dense Y;
+  if (flags & NORMA_RELU) {
+    TORCH_CHECK_VALUE(y.defined(), "the backward of a fused ReLU needs y");
+    Y = dense_like(y, X, "y");
+  }
+  const Dense DY = dense_like(gy, X, "grad_output");
+  const at::Tensor wp = pin(w, X.c, X.pdtype, "weight");
+  const at::Tensor bp = (flags & NORMA_SILU) ? pin(b, X.c, X.pdtype, "bias") : at::Tensor();
+  const int64_t per = X.n * (groups > 0 ? groups : X.c);
+  const at::Tensor mp = pin(mean, per, X.pdtype, "save_mean");
+  const at::Tensor ip = pin(invstd, per, X.pdtype, "save_invstd");
+  TORCH_CHECK_VALUE(mp.defined() && ip.defined(), "the saved statistics are required");
+  GnGrads g;
+  g.dx = empty_like(X);
+  if (nw) g.dw = param_out(X);
+  if (nb) g.db = param_out(X);
+  if (groups > 0) {
+    const norma_gn_desc d = gn_desc(X, groups, eps, flags);
+    check(norma_gn_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(), ptr(wp),
+                            ptr(bp), mp.data_ptr(), ip.data_ptr(), g.dx.data_ptr(), ptr(g.dw),
+                            ptr(g.db)),
+          "norma_gn_backward");
+  } else {
+    const norma_in_desc d = in_desc(X, eps, flags);
+    check(norma_in_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(), ptr(wp),
+                            ptr(bp), mp.data_ptr(), ip.data_ptr(), g.dx.data_ptr(), ptr(g.dw),
+                            ptr(g.db)),
+          "norma_in_backward");
+  }
+  return g;
+}
+
 struct GnFn : public torch::autograd::Function<GnFn> {
   /* groups == 0: InstanceNorm (running statistics updated when given) */
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, const OptT &weight,
@@ -425,34 +492,13 @@ struct GnFn : public torch::autograd::Function<GnFn> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const int64_t groups = ctx->saved_data["groups"].toInt();
-    const int64_t flags = ctx->saved_data["flags"].toInt();
-    const double eps = ctx->saved_data["eps"].toDouble();
     const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
-    const Dense X = dense(s[0], "x");
-    Dense Y;
-    if (flags & NORMA_RELU) Y = dense_like(s[1], X, "y");
-    const Dense DY = dense_like(grads[0], X, "grad_output");
     const at::Tensor &w = s[2], &b = s[3];
-    const at::Tensor wp = pin(w, X.c, X.pdtype, "weight");
-    const at::Tensor bp = (flags & NORMA_SILU) ? pin(b, X.c, X.pdtype, "bias") : at::Tensor();
-    const bool nw = e.needs(ctx, 1), nb = e.needs(ctx, 2);
-    at::Tensor dx = empty_like(X);
-    at::Tensor dw = nw ? param_out(X) : at::Tensor();
-    at::Tensor db = nb ? param_out(X) : at::Tensor();
-    if (groups > 0) {
-      const norma_gn_desc d = gn_desc(X, groups, eps, flags);
-      check(norma_gn_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(),
-                              ptr(wp), ptr(bp), s[4].data_ptr(), s[5].data_ptr(),
-                              dx.data_ptr(), ptr(dw), ptr(db)),
-            "norma_gn_backward");
-    } else {
-      const norma_in_desc d = in_desc(X, eps, flags);
-      check(norma_in_backward(&d, X.ptr(), Y.t.defined() ? Y.ptr() : nullptr, DY.ptr(),
-                              ptr(wp), ptr(bp), s[4].data_ptr(), s[5].data_ptr(),
-                              dx.data_ptr(), ptr(dw), ptr(db)),
-            "norma_in_backward");
-    }
-    variable_list out{dx, grad_to(dw, w), grad_to(db, b)};
+    GnGrads g = gn_backward_impl(groups, s[0], s[1], grads[0], w, b, s[4], s[5],
+                                 ctx->saved_data["eps"].toDouble(),
+                                 ctx->saved_data["flags"].toInt(), e.needs(ctx, 1),
+                                 e.needs(ctx, 2));
+    variable_list out{g.dx, grad_to(g.dw, w), grad_to(g.db, b)};
     out = once_diff(std::move(out), grads, groups > 0 ? "GroupNorm" : "InstanceNorm");
     out.resize(9); /* groups, running_mean, running_var, momentum, eps, flags */
     return out;
@@ -614,6 +660,134 @@ at::Tensor instance_norm(const at::Tensor &input, const OptT &weight_, const Opt
   return y;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The C calls as operators (no autograd), for tests and for code that owns its autograd       */
+/* ------------------------------------------------------------------------------------------ */
+
+void check_takes(const at::Tensor &x) {
+  if (!takes(x)) refuse(x);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_forward(
+    const at::Tensor &x, const OptT &residual, at::IntArrayRef normalized_shape,
+    const OptT &weight, const OptT &bias, double eps, int64_t flags) {
+  check_takes(x);
+  const int64_t d = ln_size(x, normalized_shape);
+  const at::Tensor r = opt_(residual);
+  TORCH_CHECK_TYPE(!r.defined() || r.scalar_type() == x.scalar_type(), "residual has dtype ",
+                   (r.defined() ? r.scalar_type() : x.scalar_type()), ", expected ",
+                   x.scalar_type());
+  LnOut o = ln_forward_impl(false, x, r, opt_(weight), opt_(bias), d, eps, flags, true);
+  return {o.y, o.h, o.mean, o.invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(
+    const at::Tensor &x, const at::Tensor &dy, const OptT &dsum,
+    at::IntArrayRef normalized_shape, const OptT &weight, const at::Tensor &save_mean,
+    const at::Tensor &save_invstd, int64_t flags, bool param_grads) {
+  check_takes(x);
+  const int64_t d = ln_size(x, normalized_shape);
+  LnGrads g = ln_backward_impl(false, x, dy, opt_(dsum), opt_(weight), save_mean, save_invstd,
+                               d, (int64_t)normalized_shape.size(), 0.0, flags, param_grads,
+                               param_grads);
+  return {g.dx, g.dw, g.db};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_forward(
+    const at::Tensor &x, const OptT &residual, at::IntArrayRef normalized_shape,
+    const OptT &weight, c10::optional<double> eps, int64_t flags) {
+  check_takes(x);
+  const int64_t d = ln_size(x, normalized_shape);
+  const at::Tensor r = opt_(residual);
+  TORCH_CHECK_TYPE(!r.defined() || r.scalar_type() == x.scalar_type(), "residual has dtype ",
+                   (r.defined() ? r.scalar_type() : x.scalar_type()), ", expected ",
+                   x.scalar_type());
+  LnOut o = ln_forward_impl(true, x, r, opt_(weight), at::Tensor(), d, rms_eps(x, eps), flags,
+                            true);
+  return {o.y, o.h, o.invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_backward(
+    const at::Tensor &x, const at::Tensor &dy, const OptT &dsum,
+    at::IntArrayRef normalized_shape, const OptT &weight, const at::Tensor &save_invrms,
+    int64_t flags, bool param_grads) {
+  check_takes(x);
+  const int64_t d = ln_size(x, normalized_shape);
+  LnGrads g = ln_backward_impl(true, x, dy, opt_(dsum), opt_(weight), at::Tensor(), save_invrms,
+                               d, (int64_t)normalized_shape.size(), 0.0, flags, param_grads,
+                               false);
+  return {g.dx, g.dw};
+}
+
+void check_groups(const at::Tensor &x, int64_t groups) {
+  TORCH_CHECK_VALUE(x.dim() >= 2 && x.dim() <= 5, "x must have 2 to 5 dimensions, got shape ",
+                    x.sizes());
+  TORCH_CHECK_VALUE(groups > 0 && x.size(1) % groups == 0,
+                    "Expected number of channels in input to be divisible by num_groups, but "
+                    "got input of shape ",
+                    x.sizes(), " and num_groups=", groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gn_forward(const at::Tensor &x,
+                                                          int64_t num_groups,
+                                                          const OptT &weight, const OptT &bias,
+                                                          double eps, int64_t flags) {
+  check_takes(x);
+  check_groups(x, num_groups);
+  const Dense X = dense(x, "x");
+  GnOut o = gn_forward_impl(X, num_groups, pin(opt_(weight), X.c, X.pdtype, "weight"),
+                            pin(opt_(bias), X.c, X.pdtype, "bias"), c10::nullopt, c10::nullopt,
+                            0.0, eps, flags, true);
+  return {o.y, o.mean, o.invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gn_backward(
+    const at::Tensor &x, const OptT &y, const at::Tensor &dy, int64_t num_groups,
+    const OptT &weight, const OptT &bias, const at::Tensor &save_mean,
+    const at::Tensor &save_invstd, int64_t flags, bool param_grads) {
+  check_takes(x);
+  check_groups(x, num_groups);
+  GnGrads g = gn_backward_impl(num_groups, x, opt_(y), dy, opt_(weight), opt_(bias), save_mean,
+                               save_invstd, 0.0, flags, param_grads, param_grads);
+  return {g.dx, g.dw, g.db};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> in_forward_training(
+    const at::Tensor &x, const OptT &weight, const OptT &bias, const OptT &running_mean,
+    const OptT &running_var, double momentum, double eps, int64_t flags) {
+  check_takes(x);
+  const Dense X = dense(x, "x");
+  GnOut o = gn_forward_impl(X, 0, pin(opt_(weight), X.c, X.pdtype, "weight"),
+                            pin(opt_(bias), X.c, X.pdtype, "bias"), running_mean, running_var,
+                            momentum, eps, flags, true);
+  return {o.y, o.mean, o.invstd};
+}
+
+at::Tensor in_forward_inference(const at::Tensor &x, const OptT &weight, const OptT &bias,
+                                const at::Tensor &mean, const at::Tensor &var, double eps,
+                                int64_t flags) {
+  check_takes(x);
+  const Dense X = dense(x, "x");
+  at::Tensor y = empty_like(X);
+  const norma_in_desc d = in_desc(X, eps, flags);
+  check(norma_in_forward_inference(&d, X.ptr(), ptr(pin(opt_(weight), X.c, X.pdtype, "weight")),
+                                   ptr(pin(opt_(bias), X.c, X.pdtype, "bias")),
+                                   pin(mean, X.c, X.pdtype, "mean").data_ptr(),
+                                   pin(var, X.c, X.pdtype, "var").data_ptr(), y.data_ptr()),
+        "norma_in_forward_inference");
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> in_backward(
+    const at::Tensor &x, const OptT &y, const at::Tensor &dy, const OptT &weight,
+    const OptT &bias, const at::Tensor &save_mean, const at::Tensor &save_invstd, int64_t flags,
+    bool param_grads) {
+  check_takes(x);
+  GnGrads g = gn_backward_impl(0, x, opt_(y), dy, opt_(weight), opt_(bias), save_mean,
+                               save_invstd, 0.0, flags, param_grads, param_grads);
+  return {g.dx, g.dw, g.db};
+}
+
 }  // namespace
 }  // namespace norma_torch
 
@@ -638,4 +812,38 @@ TORCH_LIBRARY_FRAGMENT(norma, m) {
         "Tensor(b!)? running_var, bool use_input_stats, float momentum, float eps, int flags) "
         "-> Tensor",
         &instance_norm);
+  /* the C calls themselves (no autograd); save_* as the forwards return them */
+  m.def("ln_forward(Tensor x, Tensor? residual, int[] normalized_shape, Tensor? weight, "
+        "Tensor? bias, float eps, int flags) -> (Tensor y, Tensor h, Tensor save_mean, "
+        "Tensor save_invstd)",
+        &ln_forward);
+  m.def("ln_backward(Tensor x, Tensor dy, Tensor? dsum, int[] normalized_shape, "
+        "Tensor? weight, Tensor save_mean, Tensor save_invstd, int flags, bool param_grads) "
+        "-> (Tensor dx, Tensor dweight, Tensor dbias)",
+        &ln_backward);
+  m.def("rms_forward(Tensor x, Tensor? residual, int[] normalized_shape, Tensor? weight, "
+        "float? eps, int flags) -> (Tensor y, Tensor h, Tensor save_invrms)",
+        &rms_forward);
+  m.def("rms_backward(Tensor x, Tensor dy, Tensor? dsum, int[] normalized_shape, "
+        "Tensor? weight, Tensor save_invrms, int flags, bool param_grads) "
+        "-> (Tensor dx, Tensor dweight)",
+        &rms_backward);
+  m.def("gn_forward(Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, "
+        "int flags) -> (Tensor y, Tensor save_mean, Tensor save_invstd)",
+        &gn_forward);
+  m.def("gn_backward(Tensor x, Tensor? y, Tensor dy, int num_groups, Tensor? weight, "
+        "Tensor? bias, Tensor save_mean, Tensor save_invstd, int flags, bool param_grads) "
+        "-> (Tensor dx, Tensor dweight, Tensor dbias)",
+        &gn_backward);
+  m.def("in_forward_training(Tensor x, Tensor? weight, Tensor? bias, "
+        "Tensor(a!)? running_mean, Tensor(b!)? running_var, float momentum, float eps, "
+        "int flags) -> (Tensor y, Tensor save_mean, Tensor save_invstd)",
+        &in_forward_training);
+  m.def("in_forward_inference(Tensor x, Tensor? weight, Tensor? bias, Tensor mean, "
+        "Tensor var, float eps, int flags) -> Tensor",
+        &in_forward_inference);
+  m.def("in_backward(Tensor x, Tensor? y, Tensor dy, Tensor? weight, Tensor? bias, "
+        "Tensor save_mean, Tensor save_invstd, int flags, bool param_grads) "
+        "-> (Tensor dx, Tensor dweight, Tensor dbias)",
+        &in_backward);
 }
