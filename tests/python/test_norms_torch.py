@@ -820,3 +820,99 @@ def test_bench_norms_small_run():
     rows = [l for l in out.stdout.splitlines() if l.split()[:1] and l.split()[0] in (
         "LayerNorm", "RMSNorm", "GroupNorm(32)", "InstanceNorm2d")]
     assert len(rows) == 12, out.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# The C calls as operators (no autograd)
+# ------------------------------------------------------------------------------------------
+
+
+def _bitwise(a, b, what):
+    if a is None or b is None:
+        assert a is None and b is None, what
+        return
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), what
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_raw_operators_equal_the_autograd_ones(torch_backend, dtype):
+    o = _ops.ops()
+    # LayerNorm with a residual
+    x = _randn((3, 4, 33), dtype, 90).requires_grad_()
+    r = _randn((3, 4, 33), dtype, 91).requires_grad_()
+    w = _randn((4, 33), torch.float32, 92, mean=1.0).requires_grad_()
+    b = _randn((4, 33), torch.float32, 93).requires_grad_()
+    gy, gh = _randn((3, 4, 33), dtype, 94), _randn((3, 4, 33), dtype, 95)
+    y, h = nt.layer_norm(x, (4, 33), w, b, residual=r)
+    dx, dr, dw, db = R.grads((y, h), [x, r, w, b], (gy, gh))
+    y2, h2, sm, si = o.ln_forward(x.detach(), r.detach(), [4, 33], w.detach(), b.detach(), 1e-5,
+                                  0)
+    _bitwise(y2, y.detach(), "ln y")
+    _bitwise(h2, h.detach(), "ln h")
+    assert sm.shape == si.shape == (3,)  # one row per sample of [3, (4, 33)]
+    dx2, dw2, db2 = o.ln_backward(h2, gy, gh, [4, 33], w.detach(), sm, si, 0, True)
+    _bitwise(dx2, dx, "ln dx")
+    _bitwise(dx2, dr, "ln dresidual")
+    _bitwise(dw2, dw, "ln dweight")
+    _bitwise(db2, db, "ln dbias")
+    y3, h3, _, _ = o.ln_forward(x.detach(), None, [4, 33], None, None, 1e-5, 0)
+    assert h3 is None and y3.shape == x.shape
+    # RMSNorm
+    y = nt.rms_norm(x, 33, w[0], eps=None)
+    dx, dw = R.grads(y, [x, w], gy)
+    y2, h2, si = o.rms_forward(x.detach(), None, [33], w[0].detach(), None, 0)
+    assert h2 is None
+    _bitwise(y2, y.detach(), "rms y")
+    dx2, dw2 = o.rms_backward(x.detach(), gy, None, [33], w[0].detach(), si, 0, True)
+    _bitwise(dx2, dx, "rms dx")
+    _bitwise(dw2, dw[0], "rms dweight")
+    # GroupNorm (channels_last, fused SiLU)
+    xg = _randn((2, 12, 5, 3), dtype, 96).contiguous(memory_format=torch.channels_last)
+    xg.requires_grad_()
+    gg = _randn((2, 12, 5, 3), dtype, 97).contiguous(memory_format=torch.channels_last)
+    wg = _randn((12,), torch.float32, 98, mean=1.0).requires_grad_()
+    bg = _randn((12,), torch.float32, 99).requires_grad_()
+    for act, flag in (("silu", 32), ("relu", 1)):
+        y = nt.group_norm(xg, 4, wg, bg, activation=act)
+        dx, dw, db = R.grads(y, [xg, wg, bg], gg)
+        y2, sm, si = o.gn_forward(xg.detach(), 4, wg.detach(), bg.detach(), 1e-5, flag)
+        _bitwise(y2, y.detach(), "gn y")
+        assert y2.is_contiguous(memory_format=torch.channels_last)
+        dx2, dw2, db2 = o.gn_backward(xg.detach(), y2, gg, 4, wg.detach(), bg.detach(), sm, si,
+                                      flag, True)
+        _bitwise(dx2, dx, "gn dx")
+        _bitwise(dw2, dw, "gn dweight")
+        _bitwise(db2, db, "gn dbias")
+    # InstanceNorm: training with running statistics, inference, backward
+    rm, rv = torch.zeros(12), torch.ones(12)
+    rm2, rv2 = rm.clone(), rv.clone()
+    y = nt.instance_norm(xg, rm, rv, wg, bg, use_input_stats=True, momentum=0.3)
+    dx, dw, db = R.grads(y, [xg, wg, bg], gg)
+    y2, sm, si = o.in_forward_training(xg.detach(), wg.detach(), bg.detach(), rm2, rv2, 0.3,
+                                       1e-5, 0)
+    _bitwise(y2, y.detach(), "in y")
+    _bitwise(rm2, rm, "in running_mean")
+    _bitwise(rv2, rv, "in running_var")
+    dx2, dw2, db2 = o.in_backward(xg.detach(), None, gg, wg.detach(), bg.detach(), sm, si, 0,
+                                  True)
+    _bitwise(dx2, dx, "in dx")
+    _bitwise(dw2, dw, "in dweight")
+    _bitwise(db2, db, "in dbias")
+    y = nt.instance_norm(xg.detach(), rm, rv, wg.detach(), bg.detach(), use_input_stats=False)
+    _bitwise(o.in_forward_inference(xg.detach(), wg.detach(), bg.detach(), rm, rv, 1e-5, 0), y,
+             "in inference")
+    with pytest.raises((ValueError, RuntimeError)):
+        o.gn_forward(xg.detach(), 5, None, None, 1e-5, 0)
+    with pytest.raises((ValueError, RuntimeError)):
+        o.ln_forward(x.detach(), None, [32], None, None, 1e-5, 0)
+
+
+def test_backends_give_identical_bits():
+    if _ops.backend() != "extension":
+        pytest.skip("one backend only: %s" % _ops.extension_status()["reason"])
+    outs = {}
+    for be in ("extension", "ctypes"):
+        with _ops.use_backend(be):
+            outs[be] = _all_outputs()
+    for i, (a, b) in enumerate(zip(outs["extension"], outs["ctypes"])):
+        assert a.dtype == b.dtype and torch.equal(a, b), i

@@ -412,3 +412,148 @@ def instance_norm(input, weight, bias, running_mean, running_var, use_input_stat
         return _InEvalFunction.apply(input, weight, bias, running_mean, running_var, eps, flags)
     X = _core.prepare(input, None, "input")
     return _in_inference(X, weight, bias, running_mean, running_var, eps, flags)
+
+
+# ------------------------------------------------------------------------------------------
+# The C calls themselves (no autograd): the twins of norma::ln_forward ... norma::in_backward
+# ------------------------------------------------------------------------------------------
+
+
+def _check_takes(x):
+    if not _takes(x):
+        _refuse(x)
+
+
+def _ln_backward_raw(rms, x, dy, dsum, ns, weight, mean, invstd, flags, nw, nb):
+    _check_takes(x)
+    d = _ln_size(x, ns)
+    x = x.detach()
+    x = x if x.is_contiguous() else x.contiguous()
+    if dy.shape != x.shape or dy.dtype != x.dtype:
+        raise ValueError("dy must have the shape and dtype of x")
+    dy = dy.detach().contiguous()
+    if dsum is not None:
+        if dsum.shape != x.shape:
+            raise ValueError("dsum must have the shape of x")
+        dsum = dsum.detach().to(x.dtype).contiguous()
+    pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    rows = x.numel() // d
+    wp = _pin(weight, d, pdt, "weight")
+    mp = None if rms else _pin(mean, rows, pdt, "save_mean")
+    ip = _pin(invstd, rows, pdt, "save_invstd")
+    dx = torch.empty_like(x)
+    dw = torch.empty(d, dtype=pdt) if nw else None
+    db = torch.empty(d, dtype=pdt) if nb and not rms else None
+    desc = LnDesc(rows, d, _NDT[x.dtype], 0.0, int(flags) & C_FLAGS)
+    if rms:
+        call("norma_rms_backward", ctypes.byref(desc), x.data_ptr(), dy.data_ptr(), _ptr(dsum),
+             _ptr(wp), ip.data_ptr(), dx.data_ptr(), _ptr(dw))
+    else:
+        call("norma_ln_backward", ctypes.byref(desc), x.data_ptr(), dy.data_ptr(), _ptr(dsum),
+             _ptr(wp), mp.data_ptr(), ip.data_ptr(), dx.data_ptr(), _ptr(dw), _ptr(db))
+    pshape = x.shape[x.dim() - len(ns):]
+    return (dx, dw.view(pshape) if dw is not None else None,
+            db.view(pshape) if db is not None else None)
+
+
+@_traceable
+def ln_forward(x, residual, normalized_shape, weight, bias, eps, flags):
+    _check_takes(x)
+    d = _ln_size(x, normalized_shape)
+    if residual is not None and residual.dtype != x.dtype:
+        raise TypeError("residual has dtype %s, expected %s" % (residual.dtype, x.dtype))
+    y, h, _, mean, invstd = _ln_forward(False, x, residual, weight, bias, d, eps, flags)
+    return y, h, mean, invstd
+
+
+@_traceable
+def ln_backward(x, dy, dsum, normalized_shape, weight, save_mean, save_invstd, flags,
+                param_grads):
+    return _ln_backward_raw(False, x, dy, dsum, normalized_shape, weight, save_mean,
+                            save_invstd, flags, param_grads, param_grads)
+
+
+@_traceable
+def rms_forward(x, residual, normalized_shape, weight, eps, flags):
+    _check_takes(x)
+    d = _ln_size(x, normalized_shape)
+    if residual is not None and residual.dtype != x.dtype:
+        raise TypeError("residual has dtype %s, expected %s" % (residual.dtype, x.dtype))
+    y, h, _, _, invrms = _ln_forward(True, x, residual, weight, None, d, _rms_eps(x, eps),
+                                     flags)
+    return y, h, invrms
+
+
+@_traceable
+def rms_backward(x, dy, dsum, normalized_shape, weight, save_invrms, flags, param_grads):
+    dx, dw, _ = _ln_backward_raw(True, x, dy, dsum, normalized_shape, weight, None, save_invrms,
+                                 flags, param_grads, False)
+    return dx, dw
+
+
+def _check_groups(x, groups):
+    if x.dim() < 2 or x.dim() > 5:
+        raise ValueError("x must have 2 to 5 dimensions, got shape %s" % (tuple(x.shape),))
+    if groups <= 0 or x.shape[1] % groups:
+        raise ValueError("Expected number of channels in input to be divisible by num_groups, "
+                         "but got input of shape %s and num_groups=%d" % (list(x.shape), groups))
+
+
+def _gn_backward_raw(groups, x, y, dy, weight, bias, mean, invstd, flags, need):
+    _check_takes(x)
+    X = _core.prepare(x, None, "x")
+    if flags & BN_RELU and y is None:
+        raise ValueError("the backward of a fused ReLU needs y")
+    Y = _core.prepare_like(y, X, "y") if flags & BN_RELU else None
+    DY = _core.prepare_like(dy, X, "grad_output")
+    pdt = X.pdtype
+    per = X.n * (groups if groups > 0 else X.c)
+    wp = _pin(weight, X.c, pdt, "weight")
+    bp = _pin(bias, X.c, pdt, "bias") if flags & SILU else None
+    mp = _pin(mean, per, pdt, "save_mean")
+    ip = _pin(invstd, per, pdt, "save_invstd")
+    DX = _core.new_like(X)
+    dw = torch.empty(X.c, dtype=pdt) if need else None
+    db = torch.empty(X.c, dtype=pdt) if need else None
+    if groups > 0:
+        desc, fn = _gn_desc(X, groups, 0.0, flags), "norma_gn_backward"
+    else:
+        desc, fn = _in_desc(X, 0.0, flags), "norma_in_backward"
+    call(fn, ctypes.byref(desc), X.ptr, Y.ptr if Y is not None else None, DY.ptr, _ptr(wp),
+         _ptr(bp), mp.data_ptr(), ip.data_ptr(), DX.ptr, _ptr(dw), _ptr(db))
+    return DX.obj, dw, db
+
+
+@_traceable
+def gn_forward(x, num_groups, weight, bias, eps, flags):
+    _check_takes(x)
+    _check_groups(x, num_groups)
+    X = _core.prepare(x, None, "x")
+    return _gn_forward(X, num_groups, weight, bias, None, None, 0.0, eps, flags)
+
+
+@_traceable
+def gn_backward(x, y, dy, num_groups, weight, bias, save_mean, save_invstd, flags, param_grads):
+    _check_groups(x, num_groups)
+    return _gn_backward_raw(num_groups, x, y, dy, weight, bias, save_mean, save_invstd, flags,
+                            param_grads)
+
+
+@_traceable
+def in_forward_training(x, weight, bias, running_mean, running_var, momentum, eps, flags):
+    _check_takes(x)
+    X = _core.prepare(x, None, "x")
+    return _gn_forward(X, 0, weight, bias, running_mean, running_var, momentum, eps, flags)
+
+
+@_traceable
+def in_forward_inference(x, weight, bias, mean, var, eps, flags):
+    _check_takes(x)
+    X = _core.prepare(x, None, "x")
+    return _in_inference(X, weight, bias, mean, var, eps, flags)
+
+
+@_traceable
+def in_backward(x, y, dy, weight, bias, save_mean, save_invstd, flags, param_grads):
+    return _gn_backward_raw(0, x, y, dy, weight, bias, save_mean, save_invstd, flags,
+                            param_grads)
