@@ -4,7 +4,6 @@ against a float64 computation, on both backends."""
 
 import math
 
-import pytest
 import torch
 from hypothesis import given, settings, HealthCheck, strategies as st
 

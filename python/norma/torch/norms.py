@@ -6,7 +6,6 @@ Inputs norma does not take (another device, another dtype, no values) are comput
 own functions (RMSNorm: x * rsqrt(mean(x^2) + eps) * weight), as the BatchNorm modules do.
 Double backward is not supported (differentiating the gradients raises)."""
 
-import math
 import numbers
 from typing import List, Optional, Tuple
 
