@@ -783,6 +783,11 @@ def test_torchscript_script_and_trace():
                "norma::rms_norm"):
         assert op in graph, op
     assert torch.equal(scripted(x), want)
+    import io
+    buf = io.BytesIO()
+    torch.jit.save(scripted, buf)
+    buf.seek(0)
+    assert torch.equal(torch.jit.load(buf)(x), want)
     traced = torch.jit.trace(model, x)
     assert "norma::layer_norm" in str(traced.inlined_graph)
     assert torch.equal(traced(x), want)
