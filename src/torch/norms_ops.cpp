@@ -16,11 +16,13 @@
    `flags` holds norma.h's flags (NORMA_CHECK_FINITE, the activations) and kTorchFallback:
    inputs norma does not take (another device or dtype, no values) are computed by torch's own
    functions instead of raising.  Parameters are converted to float32 (float64 for float64
-   storage) for the C call; parameter gradients come back in the parameter's dtype.  Double
-   backward is not supported (the gradients raise if differentiated). */
+   storage) for the C call; parameter gradients come back in the parameter's dtype.  A backward
+   with create_graph=True computes the first-order gradients with torch's differentiable ops
+   (double backward); norma's kernel does every ordinary backward. */
 #include <cmath>
 #include <limits>
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
@@ -96,6 +98,50 @@ variable_list once_diff(variable_list out, const variable_list &grads, const cha
   for (size_t i = 0; i < res.size(); i++)
     if (!out[i].defined()) res[i] = at::Tensor();
   return res;
+}
+
+/* Double backward (a backward with create_graph=True runs with grad mode on): the first-order
+   gradients by torch's differentiable ops from the saved tensors, which are the inputs
+   themselves (or h, an output of the node), so that they can be differentiated again; norma
+   computes the ordinary backward.  Returns the gradients of `ins` (undefined where an input is
+   undefined or does not require grad). */
+std::vector<at::Tensor> torch_grads(const at::Tensor &y, const std::vector<at::Tensor> &ins,
+                                    const at::Tensor &gy) {
+  std::vector<at::Tensor> want;
+  for (const auto &t : ins)
+    if (t.defined() && t.requires_grad()) want.push_back(t);
+  std::vector<at::Tensor> got;
+  if (!want.empty())
+    got = torch::autograd::grad({y}, want, {gy.to(y.scalar_type())}, /*retain_graph=*/true,
+                                /*create_graph=*/true, /*allow_unused=*/true);
+  std::vector<at::Tensor> out;
+  size_t k = 0;
+  for (const auto &t : ins) {
+    if (t.defined() && t.requires_grad()) {
+      at::Tensor g = got[k++];
+      out.push_back(g.defined() ? g : at::zeros_like(t));
+    } else {
+      out.push_back(at::Tensor());
+    }
+  }
+  return out;
+}
+
+/* t in the compute type of the double backward (float64 for float64 storage, else float32) */
+at::Tensor compute_type(const at::Tensor &t, at::ScalarType ct) {
+  return (!t.defined() || t.scalar_type() == ct) ? t : t.to(ct);
+}
+
+void check_connected(AutogradContext *ctx, const char *what) {
+  TORCH_CHECK(ctx->saved_data["connected"].toBool(), "norma's ", what,
+              ": double backward needs an input that norma used in place (a contiguous, or "
+              "channels_last, tensor); this one was copied");
+}
+
+at::Tensor torch_act(at::Tensor y, int64_t flags) {
+  if (flags & NORMA_SILU) return at::silu(y);
+  if (flags & NORMA_RELU) return at::relu(y);
+  return y;
 }
 
 /* The autograd edges are numbered over the defined tensor arguments only. */
@@ -261,6 +307,7 @@ struct LnFn : public torch::autograd::Function<LnFn> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["flags"] = flags & NORMA_CHECK_FINITE;
     ctx->saved_data["rms"] = rms;
+    ctx->saved_data["connected"] = r.defined() || o.x.is_same(x);
     ctx->saved_data["edges"] = Edges::of({&x, &w, &b, &r}).pack();
     if (b.defined()) ctx->saved_data["bias_dtype"] = (int64_t)b.scalar_type();
     if (r.defined()) return {o.y, o.h};
@@ -272,6 +319,7 @@ struct LnFn : public torch::autograd::Function<LnFn> {
     const at::Tensor &x = s[0], &w = s[1], &mean = s[2], &invstd = s[3];
     const bool rms = ctx->saved_data["rms"].toBool();
     const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
+    if (at::GradMode::is_enabled()) return double_backward(ctx, grads, x, w, rms, e);
     LnGrads g = ln_backward_impl(rms, x, grads[0], grads.size() > 1 ? grads[1] : at::Tensor(), w,
                                  mean, invstd, ctx->saved_data["d"].toInt(),
                                  ctx->saved_data["k"].toInt(),
@@ -285,6 +333,50 @@ struct LnFn : public torch::autograd::Function<LnFn> {
     }
     out = once_diff(std::move(out), grads, rms ? "RMSNorm" : "LayerNorm");
     out.resize(9); /* d, k, eps, flags, rms */
+    return out;
+  }
+
+  static variable_list double_backward(AutogradContext *ctx, const variable_list &grads,
+                                       const at::Tensor &x, const at::Tensor &w, bool rms,
+                                       const Edges &e) {
+    check_connected(ctx, rms ? "RMSNorm" : "LayerNorm");
+    const int64_t k = ctx->saved_data["k"].toInt();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    /* the backward's formula in torch ops (not autograd.grad: with a residual, x is h, an
+       output of this node, and the engine would run this node again to reach the weight) */
+    const at::Tensor xc = compute_type(x, ct), wc = compute_type(w, ct);
+    std::vector<int64_t> dims, lead;
+    for (int64_t i = 0; i < k; i++) dims.push_back(x.dim() - 1 - i);
+    for (int64_t i = 0; i < x.dim() - k; i++) lead.push_back(i);
+    at::Tensor gy = compute_type(grads[0].defined() ? grads[0] : at::zeros_like(x), ct);
+    const at::Tensor gh = grads.size() > 1 ? grads[1] : at::Tensor();
+    at::Tensor xhat, rinv, dx;
+    if (rms) {
+      rinv = at::rsqrt(xc.pow(2).mean(dims, true) + eps);
+      xhat = xc * rinv;
+    } else {
+      const at::Tensor c = xc - xc.mean(dims, true);
+      rinv = at::rsqrt(c.pow(2).mean(dims, true) + eps);
+      xhat = c * rinv;
+    }
+    const at::Tensor g = wc.defined() ? gy * wc : gy;
+    if (rms)
+      dx = rinv * (g - xhat * (g * xhat).mean(dims, true));
+    else
+      dx = rinv * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
+    dx = dx.to(x.scalar_type());
+    if (gh.defined()) dx = dx + gh.to(x.scalar_type());
+    at::Tensor dw = e.needs(ctx, 1) ? (gy * xhat).sum(lead).to(w.scalar_type()) : at::Tensor();
+    at::Tensor db;
+    if (e.needs(ctx, 2)) {
+      db = gy.sum(lead);
+      const auto bt = ctx->saved_data.find("bias_dtype");
+      if (bt != ctx->saved_data.end()) db = db.to((at::ScalarType)bt->second.toInt());
+    }
+    variable_list out{e.idx[0] >= 0 ? dx : at::Tensor(), dw, db,
+                      e.idx[3] >= 0 ? dx : at::Tensor()};
+    out.resize(9);
     return out;
   }
 };
@@ -485,6 +577,7 @@ struct GnFn : public torch::autograd::Function<GnFn> {
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["flags"] = flags & (kActs | NORMA_CHECK_FINITE);
+    ctx->saved_data["connected"] = X.t.is_same(x);
     ctx->saved_data["edges"] = Edges::of({&x, &w, &b}).pack();
     return o.y;
   }
@@ -494,6 +587,20 @@ struct GnFn : public torch::autograd::Function<GnFn> {
     const int64_t groups = ctx->saved_data["groups"].toInt();
     const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
     const at::Tensor &w = s[2], &b = s[3];
+    if (at::GradMode::is_enabled()) { /* double backward: torch's ops, see torch_grads */
+      check_connected(ctx, groups > 0 ? "GroupNorm" : "InstanceNorm");
+      const at::Tensor &x = s[0];
+      const int64_t flags = ctx->saved_data["flags"].toInt();
+      const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      at::Tensor y = at::group_norm(compute_type(x, ct), groups > 0 ? groups : x.size(1),
+                                    compute_type(w, ct), compute_type(b, ct),
+                                    ctx->saved_data["eps"].toDouble());
+      y = torch_act(y, flags);
+      auto g = torch_grads(y, {x, w, b}, grads[0]);
+      variable_list out{e.idx[0] >= 0 ? g[0] : at::Tensor(), g[1], g[2]};
+      out.resize(9);
+      return out;
+    }
     GnGrads g = gn_backward_impl(groups, s[0], s[1], grads[0], w, b, s[4], s[5],
                                  ctx->saved_data["eps"].toDouble(),
                                  ctx->saved_data["flags"].toInt(), e.needs(ctx, 1),
@@ -526,6 +633,7 @@ struct InEvalFn : public torch::autograd::Function<InEvalFn> {
     ctx->save_for_backward({X.t, (flags & NORMA_RELU) ? y : at::Tensor(), w, b, sm, si});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["flags"] = flags & (NORMA_RELU | NORMA_CHECK_FINITE);
+    ctx->saved_data["connected"] = X.t.is_same(x);
     ctx->saved_data["edges"] = Edges::of({&x, &w, &b}).pack();
     return y;
   }
@@ -534,6 +642,22 @@ struct InEvalFn : public torch::autograd::Function<InEvalFn> {
     auto s = ctx->get_saved_variables();
     const int64_t flags = ctx->saved_data["flags"].toInt();
     const Edges e = Edges::unpack(ctx->saved_data["edges"].toInt());
+    if (at::GradMode::is_enabled()) { /* double backward: torch's ops, see torch_grads */
+      check_connected(ctx, "InstanceNorm");
+      const at::Tensor &x = s[0], &w = s[2], &b = s[3];
+      const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      std::vector<int64_t> shape(x.dim(), 1);
+      shape[1] = x.size(1);
+      at::Tensor y = (compute_type(x, ct) - compute_type(s[4], ct).view(shape)) *
+                     compute_type(s[5], ct).view(shape);
+      if (w.defined()) y = y * compute_type(w, ct).view(shape);
+      if (b.defined()) y = y + compute_type(b, ct).view(shape);
+      y = torch_act(y, flags);
+      auto g = torch_grads(y, {x, w, b}, grads[0]);
+      variable_list out{e.idx[0] >= 0 ? g[0] : at::Tensor(), g[1], g[2]};
+      out.resize(7);
+      return out;
+    }
     const Dense X = dense(s[0], "x");
     Dense Y;
     if (flags & NORMA_RELU) Y = dense_like(s[1], X, "y");
@@ -556,12 +680,6 @@ struct InEvalFn : public torch::autograd::Function<InEvalFn> {
     return out;
   }
 };
-
-at::Tensor torch_act(at::Tensor y, int64_t flags) {
-  if (flags & NORMA_SILU) return at::silu(y);
-  if (flags & NORMA_RELU) return at::relu(y);
-  return y;
-}
 
 at::Tensor group_norm(const at::Tensor &input, int64_t num_groups, const OptT &weight_,
                       const OptT &bias_, double eps, int64_t flags) {

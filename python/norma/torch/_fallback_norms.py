@@ -120,12 +120,60 @@ def _ln_forward(rms, x, r, w, b, d, eps, flags, keep_stats=True):
     return y, h, (h if r is not None else x), mean, invstd
 
 
+def _ln_double_backward(ctx, x, w, gy, gh):
+    """The first-order gradients as torch ops of x (h), w and gy, differentiable again (a
+    backward with create_graph=True); norma computes the ordinary backward."""
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    k = ctx.k
+    dims = tuple(range(x.dim() - k, x.dim()))
+    lead = tuple(range(x.dim() - k))
+    xc = x.to(ct)
+    gy = (gy if gy is not None else torch.zeros_like(x)).to(ct)
+    if ctx.rms:
+        rinv = torch.rsqrt(xc.pow(2).mean(dims, keepdim=True) + ctx.eps)
+        xhat = xc * rinv
+    else:
+        c = xc - xc.mean(dims, keepdim=True)
+        rinv = torch.rsqrt(c.pow(2).mean(dims, keepdim=True) + ctx.eps)
+        xhat = c * rinv
+    g = gy * w.to(ct) if w is not None else gy
+    if ctx.rms:
+        dx = rinv * (g - xhat * (g * xhat).mean(dims, keepdim=True))
+    else:
+        dx = rinv * (g - g.mean(dims, keepdim=True) - xhat * (g * xhat).mean(dims, keepdim=True))
+    dx = dx.to(x.dtype)
+    if gh is not None:
+        dx = dx + gh.to(x.dtype)
+    need = ctx.needs_input_grad
+    dw = (gy * xhat).sum(lead).to(w.dtype) if need[1] else None
+    db = gy.sum(lead).to(ctx.bias_dtype) if need[2] else None
+    return (dx if need[0] else None, dw, db, dx if need[3] else None,
+            None, None, None, None, None)
+
+
+def _torch_grads(y, ins, gy):
+    """Gradients of y (differentiable again) with respect to the inputs that require grad."""
+    want = [t for t in ins if t is not None and t.requires_grad]
+    got = list(torch.autograd.grad(y, want, gy.to(y.dtype), create_graph=True,
+                                   allow_unused=True)) if want else []
+    out = []
+    for t in ins:
+        if t is not None and t.requires_grad:
+            g = got.pop(0)
+            out.append(g if g is not None else torch.zeros_like(t))
+        else:
+            out.append(None)
+    return out
+
+
 class _LnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, residual, d, k, eps, flags, rms):
         y, h, xs, mean, invstd = _ln_forward(rms, x, residual, weight, bias, d, eps, flags)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(xs, weight)  # h (an output) with a residual, else x
+        # h (an output) with a residual, else x itself (the double backward differentiates
+        # through it)
+        ctx.save_for_backward(h if residual is not None else x, weight)
         ctx.mean, ctx.invstd = mean, invstd
         ctx.d, ctx.k, ctx.eps, ctx.flags, ctx.rms = d, k, eps, flags & CHECK_FINITE, rms
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -135,9 +183,12 @@ class _LnFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh=None):
         x, w = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable torch ops
+            return _ln_double_backward(ctx, x, w, gy, gh)
+        x = x.detach()
+        x = x if x.is_contiguous() else x.contiguous()
         if gy is None:
             gy = torch.zeros_like(x)
         gy = gy if gy.is_contiguous() else gy.contiguous()
@@ -265,9 +316,15 @@ class _GnFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
         x, y, w, b = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: torch's ops, differentiable again
+            ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+            z = F.group_norm(x.to(ct), ctx.groups if ctx.groups > 0 else x.shape[1],
+                             w.to(ct) if w is not None else None,
+                             b.to(ct) if b is not None else None, ctx.eps)
+            g = _torch_grads(_torch_act(z, ctx.flags), [x, w, b], gy)
+            return (g[0] if ctx.needs_input_grad[0] else None, g[1], g[2]) + (None,) * 6
         X = _core.prepare(x, ctx.layout, "x")
         Y = _core.prepare_like(y, X, "y") if y is not None else None
         DY = _core.prepare_like(gy, X, "grad_output")
@@ -303,9 +360,18 @@ class _InEvalFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
         x, y, w, b = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: torch's ops, differentiable again
+            ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+            shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+            z = (x.to(ct) - ctx.sm.to(ct).view(shape)) * ctx.si.to(ct).view(shape)
+            if w is not None:
+                z = z * w.to(ct).view(shape)
+            if b is not None:
+                z = z + b.to(ct).view(shape)
+            g = _torch_grads(_torch_act(z, ctx.flags), [x, w, b], gy)
+            return (g[0] if ctx.needs_input_grad[0] else None, g[1], g[2]) + (None,) * 4
         X = _core.prepare(x, ctx.layout, "x")
         Y = _core.prepare_like(y, X, "y") if y is not None else None
         DY = _core.prepare_like(gy, X, "grad_output")

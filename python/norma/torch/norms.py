@@ -4,7 +4,9 @@ fused SiLU / ReLU).
 
 Inputs norma does not take (another device, another dtype, no values) are computed by torch's
 own functions (RMSNorm: x * rsqrt(mean(x^2) + eps) * weight), as the BatchNorm modules do.
-Double backward is not supported (differentiating the gradients raises)."""
+A backward with create_graph=True (double backward) computes the first-order gradients with
+torch's differentiable ops instead of norma's kernel, so that they can be differentiated
+again."""
 
 import numbers
 from typing import List, Optional, Tuple
