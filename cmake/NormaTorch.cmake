@@ -10,6 +10,7 @@ set(NORMA_TORCH_SOURCES
   src/torch/common.cpp
   src/torch/bn_ops.cpp
   src/torch/sync_ops.cpp
+  src/torch/norms_ops.cpp
 )
 
 macro(norma_torch_missing why)

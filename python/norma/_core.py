@@ -695,7 +695,7 @@ def query_plan(x, op="forward_training", layout=None, relu=False, add_relu=False
 # Library settings
 # ------------------------------------------------------------------------------------------
 
-_ISA_NAMES = {"scalar": _lib.ISA_SCALAR, "avx2": _lib.ISA_AVX2}
+_ISA_NAMES = {"scalar": _lib.ISA_SCALAR, "avx2": _lib.ISA_AVX2, "avx512": _lib.ISA_AVX512}
 
 
 def version():
@@ -717,13 +717,13 @@ def set_max_isa(isa):
     """Caps the instruction set: 'scalar' or 'avx2' (or 0 / 1)."""
     if isinstance(isa, str):
         if isa.lower() not in _ISA_NAMES:
-            raise ValueError("isa must be 'scalar' or 'avx2' (got %r)" % isa)
+            raise ValueError("isa must be 'scalar', 'avx2' or 'avx512' (got %r)" % isa)
         isa = _ISA_NAMES[isa.lower()]
     call("norma_set_max_isa", int(isa))
 
 
 def get_isa():
-    """The instruction set the kernels use now: 'scalar' or 'avx2'."""
+    """The instruction set the kernels use now: 'scalar', 'avx2' or 'avx512'."""
     L = _lib.lib()
     return L.norma_isa_name(L.norma_get_isa()).decode()
 

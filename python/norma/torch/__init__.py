@@ -3,7 +3,11 @@ synchronized BatchNorm (torch.distributed or MPI), precise statistics, non-finit
 
     import norma.torch as nt
     bn = nt.BatchNorm2d(64)                 # same arguments, parameters, buffers as nn's
-    model = nt.convert(model)               # every nn.BatchNorm{1,2,3}d -> norma's, state kept
+    model = nt.convert(model)               # every nn.BatchNorm{1,2,3}d, LayerNorm, GroupNorm,
+                                            # InstanceNorm{1,2,3}d -> norma's, state kept
+    model = nt.convert(model, kinds=("layer", "rms"))   # only some kinds
+    ln = nt.LayerNorm(768); rms = nt.RMSNorm(4096); gn = nt.GroupNorm(32, 320)
+    y, h = nt.layer_norm(x, (768,), w, b, residual=r)   # h = x + r, y = layer_norm(h)
     inference_model = nt.fold_bn(model)     # BN after Conv/Linear folded into its weights
     model = nt.convert(model, sync=True)    # SyncBatchNorm: torch.distributed's default group
                                             # (DDP, gloo), or MPI (mpi4py)
@@ -22,6 +26,8 @@ was built, else through the ctypes binding; backend() says which (see _ops.py).
 from .._lib import NormaError
 from ._ops import backend, extension_status, SAVE_OUTPUT, TORCH_FALLBACK
 from .functional import batch_norm, batch_norm_relu, batch_norm_add_relu
+from .norms import (LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d, InstanceNorm2d,
+                    InstanceNorm3d, layer_norm, rms_norm, group_norm, instance_norm)
 from .modules import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm,
                       StreamingBatchNorm)
 from ._sync import SyncBatchNormFunction, sync_batch_norm, sync_timings, default_group
@@ -32,6 +38,8 @@ from .diagnose import (detect_nonfinite, NonFiniteError, NonFiniteFinding, Adapt
 
 __all__ = [
     "batch_norm", "batch_norm_relu", "batch_norm_add_relu",
+    "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+    "layer_norm", "rms_norm", "group_norm", "instance_norm",
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "StreamingBatchNorm",
     "SyncBatchNormFunction", "sync_batch_norm", "sync_timings", "default_group",
     "convert", "fold_bn", "SyncPolicy", "deepest", "where", "synchronized_layers",

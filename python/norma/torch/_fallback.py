@@ -410,3 +410,8 @@ def bn_sync_backward(x, y, dy, weight, bias, save_mean, save_invstd, summed, fla
         call("norma_bn_param_grads", ctypes.byref(d), sdy, sdyx, sxp, count, dg.ptr, dbb.ptr)
         dw, db = dg.obj, dbb.obj
     return DX.obj, dw, db, DR.obj if DR is not None else None
+
+from ._fallback_norms import (layer_norm, layer_norm_residual, rms_norm,  # noqa: E402,F401
+                              rms_norm_residual, group_norm, instance_norm, ln_forward,
+                              ln_backward, rms_forward, rms_backward, gn_forward, gn_backward,
+                              in_forward_training, in_forward_inference, in_backward)

@@ -27,6 +27,34 @@ TORCH_FALLBACK below):
     bn_sum_records(records) -> record
     bn_sync_backward(x, y, dy, weight, bias, save_mean, save_invstd, summed, flags,
                      param_grads) -> (dx, dweight, dbias, dresidual)
+
+The norm family (src/torch/norms_ops.cpp, _fallback_norms.py); differentiable:
+
+    layer_norm(input, normalized_shape, weight, bias, eps, flags) -> y
+    layer_norm_residual(input, residual, normalized_shape, weight, bias, eps, flags) -> (y, h)
+    rms_norm(input, normalized_shape, weight, eps?, flags) -> y     (eps None: finfo.eps)
+    rms_norm_residual(input, residual, normalized_shape, weight, eps?, flags) -> (y, h)
+    group_norm(input, num_groups, weight, bias, eps, flags) -> y     (NORMA_RELU / NORMA_SILU)
+    instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum,
+                  eps, flags) -> y
+
+and the C calls without autograd:
+
+    ln_forward(x, residual, normalized_shape, weight, bias, eps, flags)
+        -> (y, h, save_mean, save_invstd)          (h None without residual)
+    ln_backward(x, dy, dsum, normalized_shape, weight, save_mean, save_invstd, flags,
+                param_grads) -> (dx, dweight, dbias)
+    rms_forward(x, residual, normalized_shape, weight, eps?, flags) -> (y, h, save_invrms)
+    rms_backward(x, dy, dsum, normalized_shape, weight, save_invrms, flags, param_grads)
+        -> (dx, dweight)
+    gn_forward(x, num_groups, weight, bias, eps, flags) -> (y, save_mean, save_invstd)
+    gn_backward(x, y, dy, num_groups, weight, bias, save_mean, save_invstd, flags,
+                param_grads) -> (dx, dweight, dbias)
+    in_forward_training(x, weight, bias, running_mean, running_var, momentum, eps, flags)
+        -> (y, save_mean, save_invstd)
+    in_forward_inference(x, weight, bias, mean, var, eps, flags) -> y
+    in_backward(x, y, dy, weight, bias, save_mean, save_invstd, flags, param_grads)
+        -> (dx, dweight, dbias)
 """
 
 import ctypes

@@ -8,6 +8,7 @@ from torch import nn
 
 from .. import _core
 from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm, _NormaBatchNorm
+from . import norms as _norms
 
 _LOCAL = {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d, nn.BatchNorm3d: BatchNorm3d,
           BatchNorm1d: BatchNorm1d, BatchNorm2d: BatchNorm2d, BatchNorm3d: BatchNorm3d}
@@ -126,11 +127,114 @@ def convert_tree(model, match, make):
     return model
 
 
-def convert(model, sync=False, process_group=None, count_weighted=None):
-    """Returns `model` with every torch.nn.BatchNorm1d/2d/3d (exactly those types; subclasses
-    with their own forward are left alone) replaced by norma's, sharing the same parameters and
-    buffers (so state_dict, optimizers and the training flag carry over).  The model is
-    modified in place; a bare BatchNorm module is returned converted.
+# ------------------------------------------------------------------------------------------
+# The norm family
+# ------------------------------------------------------------------------------------------
+
+KINDS = ("batch", "layer", "group", "instance", "rms")
+DEFAULT_KINDS = ("batch", "layer", "group", "instance")
+_INSTANCE = {nn.InstanceNorm1d: _norms.InstanceNorm1d, nn.InstanceNorm2d: _norms.InstanceNorm2d,
+             nn.InstanceNorm3d: _norms.InstanceNorm3d}
+
+
+def _parse_kinds(kinds):
+    if kinds is None:
+        return frozenset(DEFAULT_KINDS)
+    if isinstance(kinds, str):
+        kinds = KINDS if kinds == "all" else (kinds,)
+    out = frozenset(kinds)
+    bad = sorted(k for k in out if k not in KINDS)
+    if bad:
+        raise ValueError("unknown kind(s) %s: convert's kinds are %s (or 'all')"
+                         % (", ".join(repr(k) for k in bad), ", ".join(KINDS)))
+    return out
+
+
+def _is_rms(m):
+    """torch.nn.RMSNorm (PyTorch 2.4+) or a user module of that name and shape: a class named
+    RMSNorm with weight (or none) and eps, and a normalized_shape or a weight to take it from."""
+    if isinstance(m, _norms.RMSNorm) or type(m).__name__ != "RMSNorm":
+        return False
+    if not hasattr(m, "eps") or "weight" not in m._parameters:
+        return False
+    w = m._parameters["weight"]
+    return getattr(m, "normalized_shape", None) is not None or w is not None
+
+
+def _norm_kind(m):
+    t = type(m)
+    if t is nn.LayerNorm:
+        return "layer"
+    if t is nn.GroupNorm:
+        return "group"
+    if t in _INSTANCE:
+        return "instance"
+    if _is_rms(m):
+        return "rms"
+    return None
+
+
+def _share_state(m, new):
+    for name, t in m._parameters.items():
+        new._parameters[name] = t
+    for name, t in m._buffers.items():
+        new._buffers[name] = t
+    new._non_persistent_buffers_set = set(m._non_persistent_buffers_set)
+    new.train(m.training)
+    new._forward_pre_hooks.update(m._forward_pre_hooks)
+    new._forward_hooks.update(m._forward_hooks)
+    new._state_dict_hooks.update(m._state_dict_hooks)
+    new._load_state_dict_pre_hooks.update(m._load_state_dict_pre_hooks)
+    return new
+
+
+def convert_norm(m):
+    """norma's module replacing the torch LayerNorm / GroupNorm / InstanceNorm*d / RMSNorm m:
+    a new object sharing m's Parameter and buffer objects, training flag and hooks."""
+    kind = _norm_kind(m)
+    if kind == "layer":
+        new = _norms.LayerNorm(m.normalized_shape, m.eps, elementwise_affine=False)
+        new.elementwise_affine = m.elementwise_affine
+    elif kind == "group":
+        new = _norms.GroupNorm(m.num_groups, m.num_channels, m.eps, affine=False)
+        new.affine = m.affine
+    elif kind == "instance":
+        new = _INSTANCE[type(m)](m.num_features, m.eps, m.momentum, affine=False,
+                                 track_running_stats=False)
+        new.affine = m.affine
+        new.track_running_stats = m.track_running_stats
+    elif kind == "rms":
+        w = m._parameters["weight"]
+        ns = getattr(m, "normalized_shape", None)
+        ns = tuple(w.shape) if ns is None else ns
+        new = _norms.RMSNorm(ns, m.eps, elementwise_affine=False)
+        new.elementwise_affine = w is not None
+    else:
+        raise TypeError("not a norm layer norma converts: %s" % type(m).__name__)
+    return _share_state(m, new)
+
+
+def _convert_norms(model, kinds):
+    want = kinds - {"batch"}
+    if not want:
+        return model
+    return convert_tree(model, lambda n, m: _norm_kind(m) in want, convert_norm)
+
+
+def convert(model, sync=False, process_group=None, count_weighted=None, kinds=None):
+    """Returns `model` with every torch.nn.BatchNorm1d/2d/3d, LayerNorm, GroupNorm and
+    InstanceNorm1d/2d/3d (exactly those types; subclasses with their own forward are left
+    alone) replaced by norma's, sharing the same parameters and buffers (so state_dict,
+    optimizers, requires_grad, device, dtype and the training flag carry over).  The model is
+    modified in place; a bare norm module is returned converted.
+
+    kinds: which kinds of layer to convert, a collection of "batch", "layer", "group",
+    "instance", "rms" (or the string "all", or one kind as a string); None (default) means
+    ("batch", "layer", "group", "instance").  "rms" converts torch.nn.RMSNorm (PyTorch 2.4+)
+    and user modules whose class is named RMSNorm with a weight and eps (and a
+    normalized_shape, else the weight's shape): they must compute
+    x * rsqrt(mean(x^2) + eps) * weight.  An unknown kind is a ValueError.  The options below
+    concern BatchNorm only.
 
     sync: which layers synchronize their statistics across processes (norma's SyncBatchNorm):
       - False: none;
@@ -142,6 +246,13 @@ def convert(model, sync=False, process_group=None, count_weighted=None):
     count_weighted: True / False sets the option on every converted layer (None keeps that of
     norma's layers, off for torch's).
     """
+    kinds = _parse_kinds(kinds)
+    if "batch" in kinds:
+        model = _convert_batch(model, sync, process_group, count_weighted)
+    return _convert_norms(model, kinds)
+
+
+def _convert_batch(model, sync, process_group, count_weighted):
     if sync is False or sync is None:
         def match(name, m):
             if type(m) in _TORCH_BN:

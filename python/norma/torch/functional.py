@@ -73,4 +73,9 @@ def batch_norm_add_relu(input, residual, running_mean, running_var, weight=None,
                       relu=True, residual=residual)
 
 
-__all__ = ["batch_norm", "batch_norm_relu", "batch_norm_add_relu", "TORCH_FALLBACK"]
+# the norm family (norms.py): layer_norm / rms_norm with the fused residual add, group_norm
+# with the fused activation, instance_norm
+from .norms import layer_norm, rms_norm, group_norm, instance_norm  # noqa: E402
+
+__all__ = ["batch_norm", "batch_norm_relu", "batch_norm_add_relu", "layer_norm", "rms_norm",
+           "group_norm", "instance_norm", "TORCH_FALLBACK"]
