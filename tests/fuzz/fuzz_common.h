@@ -486,6 +486,15 @@ static FZ_UNUSED int fz_counted_without_count(const fz_bn *b, const void *rmean,
   return (b->d.flags & NORMA_BN_COUNT_WEIGHTED) && (rmean || rvar);
 }
 
+/* *running_count, required (with NORMA_BN_COUNT_WEIGHTED and a running statistic) and then
+   finite and >= 0 (norma_bn_running_update) */
+static FZ_UNUSED int fz_bad_running_count(const void *p) {
+  if (!p) return 1;
+  double v;
+  memcpy(&v, p, sizeof v);
+  return !(v >= 0 && isfinite(v));
+}
+
 /* any per-channel parameter (parameter type of dt) equal to 0 */
 static FZ_UNUSED int fz_any_zero_param(norma_dtype dt, const void *p, int64_t c) {
   if (!p) return 0;
