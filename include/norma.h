@@ -449,8 +449,11 @@ NORMA_API norma_status norma_bn_param_grads(const norma_bn_desc *d, const double
  * BatchNorm's conventions hold: a descriptor, a status, nothing written on error, statistics
  * saved for the backward, f32 / f64 / f16 / bf16 storage with f32-or-wider math (parameters
  * and statistics are double for F64, float otherwise), bitwise identical results for any
- * thread count, exact in-place aliasing allowed (y == x, dx == dy, dx == x, sum == x or
- * residual), any other overlap rejected, NORMA_CHECK_FINITE scans the inputs.
+ * thread count, exact in-place aliasing allowed (y == x or residual, sum == x or residual,
+ * dx == dy, x or dsum), any other overlap rejected, NORMA_CHECK_FINITE scans the inputs (those
+ * the call reads: not an ignored argument).  A descriptor takes only the flags its comment
+ * lists; any other bit, a BatchNorm flag included, is rejected (NORMA_RELU and NORMA_SILU
+ * together too).  The size bound is BatchNorm's: the tensor at most NORMA_MAX_TENSOR_BYTES.
  *
  * Statistics are computed as BatchNorm's are (anchored block sums: no cancellation on data
  * whose mean is large against its spread), invstd = 1 / sqrt(var + eps) with eps inside the

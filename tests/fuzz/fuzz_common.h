@@ -175,7 +175,10 @@ typedef struct fz_case {
   unsigned char *arena, *snap;
   size_t arena_bytes;
   void *ctx;          /* the target's own state (descriptor, scalars) */
+  const int (*pairs)[2]; /* optional: (output, input) tensor pairs that the contract lets alias */
+  int npairs;            /* exactly; fz_setup aliases each with probability 3/8 */
 } fz_case;
+#define FZ_NPAIRS(p) ((int)(sizeof(p) / sizeof((p)[0])))
 
 static FZ_UNUSED void fz_fail(const fz_case *k, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -323,6 +326,14 @@ static FZ_UNUSED int fz_setup(fz *r, fz_case *k, fz_arg *a, int na, norma_dtype 
       a[i].p = NULL;
       if (a[i].need == FZ_REQ) k->invalid = 1;
     }
+  }
+  /* the in-place pairs the target names (then the random moves below may add to them) */
+  for (int t = 0; t < k->npairs; t++) {
+    const int o = k->pairs[t][0], s = k->pairs[t][1];
+    if (fz_u8(r) >= 96 || !a[o].p || !a[s].p || a[o].need == FZ_IGN || a[s].need == FZ_IGN ||
+        a[o].bytes != a[s].bytes)
+      continue;
+    a[o].p = a[s].p;
   }
   /* aliasing: an output moved onto another argument, exactly or at an offset */
   const unsigned nalias = fz_u8(r) >= 200 ? 1 + fz_pick(r, 2) : 0;
