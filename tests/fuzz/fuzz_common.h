@@ -176,7 +176,8 @@ typedef struct fz_case {
   size_t arena_bytes;
   void *ctx;          /* the target's own state (descriptor, scalars) */
   const int (*pairs)[2]; /* optional: (output, input) tensor pairs that the contract lets alias */
-  int npairs;            /* exactly; fz_setup aliases each with probability 3/8 */
+  int npairs;            /* exactly; fz_setup aliases each with probability 3/8 (every one
+                            when the input is exhausted: the rerun covers separate buffers) */
 } fz_case;
 #define FZ_NPAIRS(p) ((int)(sizeof(p) / sizeof((p)[0])))
 
