@@ -273,17 +273,22 @@ NORMA_API norma_status norma_bn_backward(const norma_bn_desc *d,
  * reached B.
  *
  * norma_bn_running_update applies the rule to given batch statistics (the one implementation
- * of it: the training forward, the split API and libnorma_mpi all call it).  d->c, d->dtype
- * and d->flags are read.  count >= 2; mean, var [c] double (var biased: m2 / count);
- * running_mean, running_var [c] in the parameter type, each may be NULL; running_count is
- * required with NORMA_BN_COUNT_WEIGHTED (ignored without it); momentum in [0, 1].
+ * of it: the training forward, the split API and libnorma_mpi all call it).  Only d->c,
+ * d->dtype and d->flags are read and checked (c >= 1, the flags as any BatchNorm
+ * descriptor's); n, spatial, layout and eps are not, and may hold anything.  count >= 2;
+ * mean, var [c] double (var biased: m2 / count); running_mean, running_var [c] in the
+ * parameter type, each may be NULL (with both NULL nothing is updated).  When a running
+ * statistic is given: momentum in [0, 1], and with NORMA_BN_COUNT_WEIGHTED running_count is
+ * required and *running_count must be finite and >= 0.  running_count is ignored without the
+ * flag.  NORMA_CHECK_FINITE scans mean, var and the running statistics.
  */
 NORMA_API norma_status norma_bn_running_update(const norma_bn_desc *d, int64_t count,
     const double *mean, const double *var, void *running_mean, void *running_var,
     double *running_count, double momentum);
 
 /* norma_bn_forward_training with NORMA_BN_COUNT_WEIGHTED available: running_count as in
-   norma_bn_running_update (required with the flag when a running statistic is given).
+   norma_bn_running_update (required with the flag when a running statistic is given, then
+   finite and >= 0; not read otherwise).
    norma_bn_forward_training itself rejects the flag when running statistics are given, as it
    has no running count. */
 NORMA_API norma_status norma_bn_forward_training_counted(const norma_bn_desc *d,
@@ -444,8 +449,11 @@ NORMA_API norma_status norma_bn_param_grads(const norma_bn_desc *d, const double
  * BatchNorm's conventions hold: a descriptor, a status, nothing written on error, statistics
  * saved for the backward, f32 / f64 / f16 / bf16 storage with f32-or-wider math (parameters
  * and statistics are double for F64, float otherwise), bitwise identical results for any
- * thread count, exact in-place aliasing allowed (y == x, dx == dy, dx == x, sum == x or
- * residual), any other overlap rejected, NORMA_CHECK_FINITE scans the inputs.
+ * thread count, exact in-place aliasing allowed (y == x or residual, sum == x or residual,
+ * dx == dy, x or dsum), any other overlap rejected, NORMA_CHECK_FINITE scans the inputs (those
+ * the call reads: not an ignored argument).  A descriptor takes only the flags its comment
+ * lists; any other bit, a BatchNorm flag included, is rejected (NORMA_RELU and NORMA_SILU
+ * together too).  The size bound is BatchNorm's: the tensor at most NORMA_MAX_TENSOR_BYTES.
  *
  * Statistics are computed as BatchNorm's are (anchored block sums: no cancellation on data
  * whose mean is large against its spread), invstd = 1 / sqrt(var + eps) with eps inside the

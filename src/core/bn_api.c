@@ -65,8 +65,14 @@ norma_status norma_bn_running_update(const norma_bn_desc *d, int64_t count, cons
                                      const double *var, void *running_mean, void *running_var,
                                      double *running_count, double momentum) {
   static const char fn[] = "norma_bn_running_update";
+  if (!d)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: d (the descriptor) must not be NULL", fn);
+  /* only d->c, d->dtype and d->flags are read (norma.h): n, spatial, layout and eps may be
+     anything (a descriptor made for the update alone, an empty rank's) */
+  const norma_bn_desc dc = {.n = 1, .c = d->c, .spatial = 1, .layout = NORMA_CHANNELS_FIRST,
+                            .dtype = d->dtype, .eps = 0.0, .flags = d->flags};
   bn_problem p;
-  TRY(bn_check_desc(fn, d, 0, 0, &p));
+  TRY(bn_check_desc(fn, &dc, 0, 0, &p));
   if (count < 2)
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: count must be >= 2 (got %lld)", fn,
                        (long long)count);

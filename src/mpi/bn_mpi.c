@@ -767,10 +767,12 @@ static norma_status forward_mpi(const char *fn, MPI_Comm comm, const norma_bn_de
   if (local == NORMA_OK) {
     dl = *d;
     dl.flags &= ~(unsigned)NORMA_CHECK_FINITE; /* scanned here, before the exchange */
-    local = check_forward(fn, d, x, &residual, gamma, beta, y, save_mean, save_invstd,
-                          running_mean, running_var, momentum);
+    /* argument errors before NORMA_ERR_NONFINITE, as in every call: the running count's
+       rules first, check_forward ends with the CHECK_FINITE scan */
+    local = check_running_count(fn, d, running_mean, running_var, running_count, counted);
     if (local == NORMA_OK)
-      local = check_running_count(fn, d, running_mean, running_var, running_count, counted);
+      local = check_forward(fn, d, x, &residual, gamma, beta, y, save_mean, save_invstd,
+                            running_mean, running_var, momentum);
     counting = (d->flags & NORMA_BN_COUNT_WEIGHTED) && (running_mean || running_var) && counted;
   }
   if (local == NORMA_OK && d->n > 0) {

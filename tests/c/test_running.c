@@ -120,8 +120,55 @@ static void test_running_update(void) {
                NORMA_OK, "plain forward + COUNT_WEIGHTED without running stats");
 }
 
+/* norma_bn_running_update reads d->c, d->dtype and d->flags only (norma.h): a descriptor made
+   for the update alone, with n, spatial, layout and eps left at anything, is accepted
+   (regression: the fuzz target bn_running_update found the whole descriptor checked) */
+static void test_running_update_desc_fields(void) {
+  const double mean[C] = {1.0, 2.0, -3.0}, var[C] = {0.5, 4.0, 1.0};
+  double rm[C] = {0.0, 0.0, 0.0}, rv[C] = {1.0, 1.0, 1.0}, ref_m[C], ref_v[C];
+  memcpy(ref_m, rm, sizeof rm), memcpy(ref_v, rv, sizeof rv);
+  const norma_bn_desc good = {4, C, 5, NORMA_CHANNELS_FIRST, NORMA_F64, 1e-5, 0};
+  TU_CHECK(norma_bn_running_update(&good, 10, mean, var, ref_m, ref_v, NULL, 0.1) == NORMA_OK,
+           "reference update: %s", norma_last_error());
+  const norma_bn_desc odd[] = {
+      {0, C, 0, NORMA_CHANNELS_FIRST, NORMA_F64, 0.0, 0},             /* n = spatial = 0 */
+      {-1, C, -7, NORMA_CHANNELS_LAST, NORMA_F64, 0.0, 0},            /* negative */
+      {1, C, 1, (norma_layout)7, NORMA_F64, 0.0, 0},                  /* unknown layout */
+      {1, C, 1, NORMA_CHANNELS_FIRST, NORMA_F64, -1.0, 0},            /* eps < 0 */
+      {1, C, 1, NORMA_CHANNELS_FIRST, NORMA_F64, NAN, 0},             /* eps NaN */
+      {INT64_MAX, C, INT64_MAX, NORMA_CHANNELS_FIRST, NORMA_F64, 0.0, 0}, /* n * c overflows */
+  };
+  for (int i = 0; i < (int)(sizeof odd / sizeof odd[0]); i++) {
+    double m[C] = {0.0, 0.0, 0.0}, v[C] = {1.0, 1.0, 1.0};
+    const norma_status st = norma_bn_running_update(&odd[i], 10, mean, var, m, v, NULL, 0.1);
+    TU_CHECK(st == NORMA_OK, "descriptor %d: %s (%s)", i, norma_status_string(st),
+             norma_last_error());
+    TU_CHECK(memcmp(m, ref_m, sizeof m) == 0 && memcmp(v, ref_v, sizeof v) == 0,
+             "descriptor %d: the same update", i);
+  }
+  /* the fields it reads are still checked */
+  double keep[C] = {9.0, 9.0, 9.0};
+  norma_bn_desc bad = good;
+  bad.c = 0;
+  TU_CHECK(norma_bn_running_update(&bad, 10, mean, var, keep, NULL, NULL, 0.1) ==
+               NORMA_ERR_INVALID_ARGUMENT, "c = 0");
+  bad = good, bad.dtype = (norma_dtype)9;
+  TU_CHECK(norma_bn_running_update(&bad, 10, mean, var, keep, NULL, NULL, 0.1) ==
+               NORMA_ERR_INVALID_ARGUMENT, "dtype 9");
+  bad = good, bad.flags = 1u << 20;
+  TU_CHECK(norma_bn_running_update(&bad, 10, mean, var, keep, NULL, NULL, 0.1) ==
+               NORMA_ERR_INVALID_ARGUMENT, "unknown flag bit");
+  bad = good, bad.c = NORMA_MAX_TENSOR_BYTES;
+  TU_CHECK(norma_bn_running_update(&bad, 10, mean, var, keep, NULL, NULL, 0.1) ==
+               NORMA_ERR_INVALID_ARGUMENT, "c past the per-channel bound");
+  TU_CHECK(norma_bn_running_update(NULL, 10, mean, var, keep, NULL, NULL, 0.1) ==
+               NORMA_ERR_INVALID_ARGUMENT, "d NULL");
+  TU_CHECK(keep[0] == 9.0 && keep[1] == 9.0 && keep[2] == 9.0, "nothing written");
+}
+
 int main(void) {
   test_counted_forward();
   test_running_update();
+  test_running_update_desc_fields();
   return tu_finish("test_running");
 }

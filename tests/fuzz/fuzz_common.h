@@ -175,7 +175,11 @@ typedef struct fz_case {
   unsigned char *arena, *snap;
   size_t arena_bytes;
   void *ctx;          /* the target's own state (descriptor, scalars) */
+  const int (*pairs)[2]; /* optional: (output, input) tensor pairs that the contract lets alias */
+  int npairs;            /* exactly; fz_setup aliases each with probability 3/8 (every one
+                            when the input is exhausted: the rerun covers separate buffers) */
 } fz_case;
+#define FZ_NPAIRS(p) ((int)(sizeof(p) / sizeof((p)[0])))
 
 static FZ_UNUSED void fz_fail(const fz_case *k, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -314,15 +318,31 @@ static FZ_UNUSED int fz_setup(fz *r, fz_case *k, fz_arg *a, int na, norma_dtype 
     else
       for (int64_t e = 0; e < cnt; e++) fz_fill_elem(r, a[i].type, dt, a[i].p, e);
   }
-  /* NULLs: an ignored argument is NULL or a buffer of its own, never aliased */
+  /* NULLs: an ignored argument is NULL, a buffer of its own, or a pointer into another
+     argument (at an 8-byte offset: the call must neither touch it nor count it in its overlap
+     check; were it written, the input it points into would change) */
   for (int i = 0; i < na; i++) {
     const unsigned v = fz_u8(r);
     if (a[i].need == FZ_IGN) {
-      if (v & 1) a[i].p = NULL;
+      if (v & 1) {
+        a[i].p = NULL;
+      } else if (v >= 192) {
+        const int j = (int)fz_pick(r, (unsigned)na);
+        const size_t np = a[j].region + 8 * fz_pick(r, 8);
+        if (j != i && np + a[i].bytes <= k->arena_bytes) a[i].p = k->arena + np;
+      }
     } else if (v >= 244 && a[i].need != FZ_KEEP) {
       a[i].p = NULL;
       if (a[i].need == FZ_REQ) k->invalid = 1;
     }
+  }
+  /* the in-place pairs the target names (then the random moves below may add to them) */
+  for (int t = 0; t < k->npairs; t++) {
+    const int o = k->pairs[t][0], s = k->pairs[t][1];
+    if (fz_u8(r) >= 96 || !a[o].p || !a[s].p || a[o].need == FZ_IGN || a[s].need == FZ_IGN ||
+        a[o].bytes != a[s].bytes)
+      continue;
+    a[o].p = a[s].p;
   }
   /* aliasing: an output moved onto another argument, exactly or at an offset */
   const unsigned nalias = fz_u8(r) >= 200 ? 1 + fz_pick(r, 2) : 0;
@@ -427,7 +447,7 @@ static FZ_UNUSED void fz_check(fz_case *k, norma_status st, norma_status want, f
   norma_status st2 = call(k);
   if (st2 != NORMA_OK) fz_fail(k, "separate buffers: %s", norma_status_string(st2));
   for (int i = 0; i < k->na; i++) {
-    if (!saved[i].p || !fz_is_out(&saved[i])) continue;
+    if (!saved[i].p || !fz_is_out(&saved[i]) || saved[i].need == FZ_IGN) continue;
     if (memcmp(saved[i].p, k->a[i].p, saved[i].bytes) != 0)
       fz_fail(k, "in place: output %s differs from a separate buffer's", saved[i].name);
   }
@@ -484,6 +504,15 @@ static FZ_UNUSED double fz_momentum(fz *r) {
    statistics: the running count has no place in their signature (norma.h). */
 static FZ_UNUSED int fz_counted_without_count(const fz_bn *b, const void *rmean, const void *rvar) {
   return (b->d.flags & NORMA_BN_COUNT_WEIGHTED) && (rmean || rvar);
+}
+
+/* *running_count, required (with NORMA_BN_COUNT_WEIGHTED and a running statistic) and then
+   finite and >= 0 (norma_bn_running_update) */
+static FZ_UNUSED int fz_bad_running_count(const void *p) {
+  if (!p) return 1;
+  double v;
+  memcpy(&v, p, sizeof v);
+  return !(v >= 0 && isfinite(v));
 }
 
 /* any per-channel parameter (parameter type of dt) equal to 0 */

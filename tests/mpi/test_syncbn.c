@@ -471,6 +471,27 @@ static void sub_communicators(void) {
   MPI_Comm_free(&sub); /* frees the cached duplicate through the attribute's delete callback */
 }
 
+/* NORMA_BN_COUNT_WEIGHTED with running statistics in the plain call is an argument error, and
+   argument errors come before NORMA_ERR_NONFINITE (as in norma_bn_forward_training).
+   Regression: found by fuzz_mpi_forward_training (NaN in beta with CHECK_FINITE gave
+   NORMA_ERR_NONFINITE: the finite scan ran before the running-count check). */
+static void counted_before_finite(MPI_Comm comm) {
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], beta[2] = {NAN, 0.f};
+  float rm[2] = {0.f, 0.f}, rv[2] = {1.f, 1.f};
+  const norma_bn_desc d = {2, 2, 2, NORMA_CHANNELS_FIRST, NORMA_F32, 1e-5,
+                           NORMA_BN_COUNT_WEIGHTED | NORMA_CHECK_FINITE};
+  norma_status st = norma_bn_forward_training_mpi(comm, &d, x, NULL, NULL, beta, y, NULL, NULL,
+                                                  rm, rv, 0.1);
+  TU_CHECK(st == NORMA_ERR_INVALID_ARGUMENT, "counted flag in the plain call, NaN beta: %s (%s)",
+           norma_status_string(st), norma_mpi_last_error());
+  double N = -1.0; /* and a bad running count in the counted call */
+  st = norma_bn_forward_training_counted_mpi(comm, &d, x, NULL, NULL, beta, y, NULL, NULL, rm,
+                                             rv, &N, 0.1);
+  TU_CHECK(st == NORMA_ERR_INVALID_ARGUMENT, "running_count -1, NaN beta: %s (%s)",
+           norma_status_string(st), norma_mpi_last_error());
+  TU_CHECK(rm[0] == 0.f && rv[0] == 1.f && N == -1.0, "nothing written");
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -506,6 +527,7 @@ int main(int argc, char **argv) {
     large_mean(MPI_COMM_WORLD, NORMA_CHANNELS_FIRST);
     large_mean(MPI_COMM_WORLD, NORMA_CHANNELS_LAST);
     for (int e = 0; e < E_COUNT; e++) forward_error(MPI_COMM_WORLD, (fwd_error)e);
+    counted_before_finite(MPI_COMM_WORLD);
     for (int e = 0; e < B_COUNT; e++) backward_error(MPI_COMM_WORLD, (bwd_error)e);
     /* after the errors, the communicator still works */
     problem again = {NORMA_CHANNELS_FIRST, NORMA_F64, NORMA_BN_RELU, 3, 2, 2, 0, 0, 0.0};

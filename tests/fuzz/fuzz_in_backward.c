@@ -1,0 +1,48 @@
+/* fuzz_in_backward.c - norma_in_backward against norma.h (fuzz_norms.h): GroupNorm's backward
+   with groups == c; y required with NORMA_RELU; spatial == 1 allowed. */
+#include "fuzz_norms.h"
+
+typedef struct ctx {
+  fz_gn g;
+  norma_in_desc d;
+} ctx;
+
+enum { X, Y, DY, GAMMA, BETA, SMEAN, SINV, DX, DGAMMA, DBETA, NARGS };
+static const int pairs[][2] = {{DX, DY}, {DX, X}, {DX, Y}};
+
+static norma_status call(fz_case *k) {
+  const ctx *c = k->ctx;
+  fz_arg *a = k->a;
+  return norma_in_backward(c->g.present ? &c->d : NULL, a[X].p, a[Y].p, a[DY].p, a[GAMMA].p,
+                           a[BETA].p, a[SMEAN].p, a[SINV].p, a[DX].p, a[DGAMMA].p, a[DBETA].p);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  fz r = {data, size};
+  fz_settings(&r);
+  ctx c;
+  fz_gn_make(&r, &c.g, 1, 0, 8);
+  c.d = fz_in_desc(&c.g);
+  const fz_gn *g = &c.g;
+  const int relu = (g->d.flags & NORMA_RELU) != 0;
+  fz_arg a[NARGS] = {
+      {"x", FZ_IN, FZ_TENSOR, FZ_REQ, 1, g->T, 0, 0, 0},
+      {"y", FZ_IN, FZ_TENSOR, relu ? FZ_REQ : FZ_IGN, 1, g->T, 0, 0, 0},
+      {"dy", FZ_IN, FZ_TENSOR, FZ_REQ, 1, g->T, 0, 0, 0},
+      {"gamma", FZ_IN, FZ_PARAM, FZ_OPT, 1, g->C, 0, 0, 0},
+      {"beta", FZ_IN, FZ_PARAM, FZ_OPT, 1, g->C, 0, 0, 0},
+      {"save_mean", FZ_IN, FZ_PARAM, FZ_REQ, 1, g->S, 0, 0, 0},
+      {"save_invstd", FZ_IN, FZ_PARAM, FZ_REQ, 1, g->S, 0, 0, 0},
+      {"dx", FZ_OUT, FZ_TENSOR, FZ_REQ, 0, g->T, 0, 0, 0},
+      {"dgamma", FZ_OUT, FZ_PARAM, FZ_OPT, 0, g->C, 0, 0, 0},
+      {"dbeta", FZ_OUT, FZ_PARAM, FZ_OPT, 0, g->C, 0, 0, 0},
+  };
+  fz_case k = {.ctx = &c, .pairs = pairs, .npairs = FZ_NPAIRS(pairs)};
+  if (!fz_setup(&r, &k, a, NARGS, g->d.dtype, g->sizes_ok)) return 0;
+  if (g->force_null) a[DY].p = NULL;
+  const norma_status want =
+      fz_expect(&k, !g->valid || !a[DY].p, (g->d.flags & NORMA_CHECK_FINITE) != 0);
+  fz_check(&k, call(&k), want, call);
+  fz_free(&k);
+  return 0;
+}
