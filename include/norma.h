@@ -128,6 +128,20 @@ NORMA_API const char *norma_isa_name(norma_isa isa);
 NORMA_API void norma_set_use_reference(int on);
 NORMA_API int norma_get_use_reference(void);
 
+/*
+ * Streaming (non-temporal) stores of outputs.  An output of at least min_bytes and at most
+ * max_bytes is written around the caches, which saves reading each line of it before it is
+ * written when the output is not cached (a buffer reused from call to call).  A freshly
+ * allocated output is usually cached already (the OS zero-fills a new page through the cache)
+ * and is faster written through it: a binding that hands norma a new allocation for every call
+ * may narrow the range.  norma.torch sets max_bytes to 32 MiB, above which glibc's malloc maps
+ * fresh pages for every allocation.  min_bytes = 0 restores the default minimum (8 MiB, or
+ * the environment variable NORMA_NT_MIN_BYTES); max_bytes = INT64_MAX (the default) means no
+ * maximum; max_bytes < min_bytes disables them.  Results do not depend on it (only speed).
+ * Errors: NORMA_ERR_INVALID_ARGUMENT for a negative value.
+ */
+NORMA_API norma_status norma_set_streaming_stores(int64_t min_bytes, int64_t max_bytes);
+
 /* ------------------------------------------------------------------------------------------ */
 /* BatchNorm                                                                                  */
 /* ------------------------------------------------------------------------------------------ */

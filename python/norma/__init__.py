@@ -27,7 +27,7 @@ from . import _core
 from ._core import (batch_norm_forward_training, batch_norm_inference, batch_norm_backward,
                     bn_fold, fold_into_weights, moments, query_plan, version,
                     set_num_threads, get_num_threads, set_max_isa, get_isa, set_use_reference,
-                    get_use_reference)
+                    get_use_reference, set_streaming_stores)
 
 __version__ = "0.1.0"
 
@@ -36,7 +36,7 @@ __all__ = [
     "batch_norm_forward_training", "batch_norm_inference", "batch_norm_backward", "batch_norm",
     "bn_fold", "fold_into_weights", "moments", "query_plan",
     "version", "set_num_threads", "get_num_threads", "set_max_isa", "get_isa",
-    "set_use_reference", "get_use_reference",
+    "set_use_reference", "get_use_reference", "set_streaming_stores",
     "CHANNELS_FIRST", "CHANNELS_LAST", "BN_RELU", "BN_ADD_RELU", "BN_BIASED_RUNNING_VAR",
     "CHECK_FINITE", "BN_GLOBAL_STATS", "BN_COUNT_WEIGHTED",
 ]

@@ -205,6 +205,7 @@ PROTOTYPES = {
     "norma_isa_name": (ctypes.c_char_p, [_int]),
     "norma_set_use_reference": (None, [_int]),
     "norma_get_use_reference": (_int, []),
+    "norma_set_streaming_stores": (_status, [ctypes.c_int64, ctypes.c_int64]),
     # BatchNorm
     # (d, x, residual, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum)
     "norma_bn_forward_training": (_status, [_pdesc, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,

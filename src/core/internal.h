@@ -26,6 +26,8 @@ NORMA_API void norma__record_error(const char *msg);
 int norma__threads(void);     /* threads the next call may use, >= 1 */
 int norma__use_reference(void);
 norma_isa norma__isa(void);   /* the ISA the kernels use now */
+/* the range of norma_set_streaming_stores: *min_bytes < 0 means the default (the engine's) */
+void norma__streaming_range(int64_t *min_bytes, int64_t *max_bytes);
 /* 1 when the avx512 level is served by the 16-lane emulation on AVX2 (NORMA_EMULATE_AVX512=1
    on a CPU without AVX-512: a testing aid) */
 int norma__avx512_emulated(void);

@@ -129,6 +129,25 @@ norma_isa norma__isa(void) {
 
 norma_isa norma_get_isa(void) { return norma__isa(); }
 
+/* ---- streaming stores ---- */
+static _Atomic int64_t g_nt_min = -1; /* -1: the engine's default */
+static _Atomic int64_t g_nt_max = INT64_MAX;
+
+norma_status norma_set_streaming_stores(int64_t min_bytes, int64_t max_bytes) {
+  if (min_bytes < 0 || max_bytes < 0)
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "norma_set_streaming_stores: min_bytes and "
+                       "max_bytes must be >= 0 (got %lld, %lld)", (long long)min_bytes,
+                       (long long)max_bytes);
+  atomic_store_explicit(&g_nt_min, min_bytes == 0 ? -1 : min_bytes, memory_order_relaxed);
+  atomic_store_explicit(&g_nt_max, max_bytes, memory_order_relaxed);
+  return NORMA_OK;
+}
+
+void norma__streaming_range(int64_t *min_bytes, int64_t *max_bytes) {
+  *min_bytes = atomic_load_explicit(&g_nt_min, memory_order_relaxed);
+  *max_bytes = atomic_load_explicit(&g_nt_max, memory_order_relaxed);
+}
+
 const char *norma_isa_name(norma_isa isa) {
   switch (isa) {
     case NORMA_ISA_SCALAR: return "scalar";

@@ -568,10 +568,12 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
   const long long v = atoll(e);
   return v > 0 ? (int64_t)v : dflt;
 }
-int64_t norm_nt_min_bytes(void) {
-  static int64_t v = 0;
-  if (!v) v = env_bytes("NORMA_NT_MIN_BYTES", (int64_t)8 << 20);
-  return v;
+int norm_nt_store(int64_t bytes) {
+  static int64_t dflt = 0;
+  if (!dflt) dflt = env_bytes("NORMA_NT_MIN_BYTES", (int64_t)8 << 20);
+  int64_t lo, hi;
+  norma__streaming_range(&lo, &hi);
+  return bytes >= (lo < 0 ? dflt : lo) && bytes <= hi;
 }
 
 int64_t norm_unit_budget(void) {
@@ -677,7 +679,7 @@ void norm_plan_job(norm_job *jb) {
      whole lines: long channels-first runs, or whole rows in channels-last */
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c)
                                         : g->s * (int64_t)g->esize >= 2048;
-  jb->store = whole_lines && g->total * (int64_t)g->esize >= norm_nt_min_bytes() ? BN_STORE_NT : 0;
+  jb->store = whole_lines && norm_nt_store(g->total * (int64_t)g->esize) ? BN_STORE_NT : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */

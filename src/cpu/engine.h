@@ -85,9 +85,10 @@ void norm_plan_job(norm_job *jb);
 /* Bytes a fused unit may hold per thread and still be applied from cache (half the L2, or
    NORMA_UNIT_BUDGET). */
 int64_t norm_unit_budget(void);
-/* Outputs at least this large are written around the cache (non-temporal stores): 8 MiB, or
-   NORMA_NT_MIN_BYTES (a tuning knob, docs/performance.md). */
-int64_t norm_nt_min_bytes(void);
+/* Whether an output of `bytes` bytes is written around the cache (non-temporal stores): at
+   least 8 MiB (or NORMA_NT_MIN_BYTES, a tuning knob, docs/performance.md), within the range
+   norma_set_streaming_stores set. */
+int norm_nt_store(int64_t bytes);
 
 /* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
 

@@ -202,7 +202,43 @@ static void dresidual_aliasing(void) {
     }
 }
 
+/* norma_set_streaming_stores: the plan reports the streaming stores its range gives; bad
+   values are rejected; results do not depend on it */
+static void streaming_range(void) {
+  /* 16 MiB of f32, channels-first (whole lines): streaming by default (>= 8 MiB) */
+  norma_bn_desc d = {4, 64, 16384, NORMA_CHANNELS_FIRST, NORMA_F32, 1e-5, 0};
+  norma_bn_plan p;
+  const int64_t big = (int64_t)1 << 62;
+  EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
+  TU_CHECK(p.streaming_stores == 1, "default: streaming %d", p.streaming_stores);
+  EXPECT(norma_set_streaming_stores(0, (int64_t)8 << 20), NORMA_OK, "max 8 MiB");
+  EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
+  TU_CHECK(p.streaming_stores == 0, "max 8 MiB: streaming %d", p.streaming_stores);
+  EXPECT(norma_set_streaming_stores((int64_t)32 << 20, big), NORMA_OK, "min 32 MiB");
+  EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
+  TU_CHECK(p.streaming_stores == 0, "min 32 MiB: streaming %d", p.streaming_stores);
+  EXPECT(norma_set_streaming_stores(-1, big), NORMA_ERR_INVALID_ARGUMENT, "min < 0");
+  EXPECT(norma_set_streaming_stores(0, -1), NORMA_ERR_INVALID_ARGUMENT, "max < 0");
+  EXPECT(norma_set_streaming_stores(1024, big), NORMA_OK, "min 1 KiB");
+  EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
+  TU_CHECK(p.streaming_stores == 1, "min 1 KiB: streaming %d", p.streaming_stores);
+  /* the same bits with and without streaming stores */
+  const int64_t total = d.n * d.c * d.spatial;
+  float *x = malloc(sizeof(float) * (size_t)total), *y1 = malloc(sizeof(float) * (size_t)total);
+  float *y2 = malloc(sizeof(float) * (size_t)total);
+  for (int64_t i = 0; i < total; i++) x[i] = (float)((i * 7919) % 1013) * 0.01f - 3.0f;
+  EXPECT(norma_bn_forward_training(&d, x, NULL, NULL, NULL, y1, NULL, NULL, NULL, NULL, 0.1),
+         NORMA_OK, "forward, streaming");
+  EXPECT(norma_set_streaming_stores(0, 0), NORMA_OK, "none");
+  EXPECT(norma_bn_forward_training(&d, x, NULL, NULL, NULL, y2, NULL, NULL, NULL, NULL, 0.1),
+         NORMA_OK, "forward, cached");
+  TU_CHECK(!memcmp(y1, y2, sizeof(float) * (size_t)total), "streaming stores changed the results");
+  EXPECT(norma_set_streaming_stores(0, big), NORMA_OK, "defaults");
+  free(x), free(y1), free(y2);
+}
+
 int main(void) {
+  streaming_range();
   merge_overflow();
   accumulate_overflow();
   descriptor_bounds();

@@ -250,3 +250,32 @@ def test_lookup_order(tmp_path, monkeypatch):
     # not a checkout: no build tree is looked at
     (repo / "include" / "norma.h").unlink()
     assert _lib.candidate_paths() == [files["python/norma"]]
+
+
+def test_streaming_store_range():
+    """norma.set_streaming_stores narrows the outputs written around the cache (the plan says
+    which); negative values are rejected; norma.torch caps the range at 32 MiB on import."""
+    small = np.zeros((4, 64, 128, 256), np.float32)    # 32 MiB: streaming by default
+    big = np.zeros((4, 64, 128, 257), np.float32)      # just above 32 MiB
+    try:
+        norma.set_streaming_stores(0)                  # the library's defaults
+        assert norma.query_plan(small)["streaming_stores"] == 1
+        assert norma.query_plan(big)["streaming_stores"] == 1
+        norma.set_streaming_stores(0, 32 << 20)
+        assert norma.query_plan(small)["streaming_stores"] == 1
+        assert norma.query_plan(big)["streaming_stores"] == 0
+        norma.set_streaming_stores(0, 0)               # none
+        assert norma.query_plan(small)["streaming_stores"] == 0
+        with pytest.raises(norma.NormaError):
+            norma.set_streaming_stores(-1)
+        norma.set_streaming_stores(0)
+        code = ("import numpy as np, norma, norma.torch; "
+                "print(norma.query_plan(np.zeros((4, 64, 128, 257), np.float32))"
+                "['streaming_stores'])")
+        path = _lib.library_path()
+        r = _run_py(code, {"NORMA_LIBRARY": os.path.abspath(path), "NORMA_NT_MIN_BYTES": ""})
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.split()
+        assert out[-1] == "0"
+    finally:
+        norma.set_streaming_stores(0)

@@ -24,6 +24,7 @@ was built, else through the ctypes binding; backend() says which (see _ops.py).
 """
 
 from .._lib import NormaError
+from .. import _core as _norma_core
 from ._ops import backend, extension_status, SAVE_OUTPUT, TORCH_FALLBACK
 from .functional import batch_norm, batch_norm_relu, batch_norm_add_relu
 from .norms import (LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d, InstanceNorm2d,
@@ -48,3 +49,18 @@ __all__ = [
     "bn_parameters",
     "backend", "extension_status", "NormaError", "SAVE_OUTPUT", "TORCH_FALLBACK",
 ]
+
+
+def _streaming_policy():
+    """PyTorch hands norma a new output tensor for every call.  Above 32 MiB glibc's malloc maps
+    fresh pages for each allocation, which the kernel has just zero-filled through the cache:
+    such outputs are faster written through the cache than around it (measured in
+    docs/performance.md), so the streaming-store range ends there.  NORMA_NT_MIN_BYTES in the
+    environment (an explicit choice) leaves the library's default alone; norma.set_streaming_stores
+    changes it at any time."""
+    import os
+    if not os.environ.get("NORMA_NT_MIN_BYTES"):
+        _norma_core.set_streaming_stores(0, 32 << 20)
+
+
+_streaming_policy()
