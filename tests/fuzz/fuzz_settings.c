@@ -7,7 +7,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int cap = NORMA_ISA_AVX512; /* what this sequence set last */
   (void)norma_set_max_isa(NORMA_ISA_AVX512);
   for (int step = 0; step < 32 && r.n; step++) {
-    const unsigned op = fz_u8(&r) % 7;
+    const unsigned op = fz_u8(&r) % 8;
     const int v = (int)fz_u32(&r);
     const int small = (int)(fz_u8(&r) % 8) - 2;
     const int x = fz_u8(&r) < 128 ? small : v;
@@ -51,6 +51,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!e || !ver || strcmp(ver, "0.1.0") != 0) fz_fail(NULL, "version / last error");
         break;
       }
+      case 6: {
+        /* the streaming-store range: any two sizes >= 0 are accepted (speed only) */
+        const int64_t lo = (int64_t)x * 4096, hi = (int64_t)v * 64;
+        norma_status st = norma_set_streaming_stores(lo, hi);
+        if ((st == NORMA_OK) != (lo >= 0 && hi >= 0))
+          fz_fail(NULL, "set_streaming_stores(%lld, %lld): %s", (long long)lo, (long long)hi,
+                  norma_status_string(st));
+        break;
+      }
       default: {
         /* a tiny call under whatever the settings are now, checked against itself in one
            thread: results never depend on the thread count */
@@ -71,6 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   norma_set_num_threads(0);
   norma_set_use_reference(0);
+  (void)norma_set_streaming_stores(0, INT64_MAX);
   (void)norma_set_max_isa(NORMA_ISA_AVX512);
   return 0;
 }
