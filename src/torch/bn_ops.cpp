@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
+#include "edges.h"
 #include "norma_torch.h"
 
 using namespace norma_torch;
@@ -175,33 +176,11 @@ variable_list once_differentiable(variable_list out, const variable_list &grads)
   return res;
 }
 
-/* Which of the forward's tensor arguments (x, weight, bias, residual) are defined: the
-   autograd edges are numbered over the defined ones only. */
-struct Edges {
-  int idx[4] = {-1, -1, -1, -1};
-  static Edges of(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
-                  const at::Tensor &r) {
-    Edges e;
-    int k = 0;
-    const at::Tensor *ts[4] = {&x, &w, &b, &r};
-    for (int i = 0; i < 4; i++)
-      if (ts[i]->defined()) e.idx[i] = k++;
-    return e;
-  }
-  int64_t pack() const {
-    int64_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (int64_t)(idx[i] + 1) << (8 * i);
-    return v;
-  }
-  static Edges unpack(int64_t v) {
-    Edges e;
-    for (int i = 0; i < 4; i++) e.idx[i] = (int)((v >> (8 * i)) & 0xff) - 1;
-    return e;
-  }
-  bool needs(AutogradContext *ctx, int i) const {
-    return idx[i] >= 0 && ctx->needs_input_grad((size_t)idx[i]);
-  }
-};
+/* the edges of x, weight, bias, residual (edges.h) */
+static Edges bn_edges(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
+                      const at::Tensor &r) {
+  return Edges::of({&x, &w, &b, &r});
+}
 
 at::Tensor opt(const c10::optional<at::Tensor> &t) {
   return t.has_value() ? *t : at::Tensor();
@@ -251,7 +230,7 @@ struct BatchNormTrain : public torch::autograd::Function<BatchNormTrain> {
     TrainOut o = train_forward(X, w, b, residual, run, eps, flags);
     save(ctx, x, o.y, opt(weight), opt(bias), o.save_mean, o.save_invstd, flags,
          (flags & kSaveOutput) ? has_zero(w) : false, eps,
-         Edges::of(x, opt(weight), opt(bias), opt(residual)));
+         bn_edges(x, opt(weight), opt(bias), opt(residual)));
     return o.y;
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
@@ -273,7 +252,7 @@ struct BatchNormEval : public torch::autograd::Function<BatchNormEval> {
     at::Tensor sm = m.clone();
     at::Tensor si = (v.to(at::kDouble) + eps).rsqrt().to(X.pdtype);
     save(ctx, x, y, opt(weight), opt(bias), sm, si, flags & ~kSaveOutput, false, eps,
-         Edges::of(x, opt(weight), opt(bias), opt(residual)));
+         bn_edges(x, opt(weight), opt(bias), opt(residual)));
     return y;
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {

@@ -26,6 +26,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
+#include "edges.h"
 #include "norma_torch.h"
 
 using torch::autograd::AutogradContext;
@@ -144,32 +145,6 @@ at::Tensor torch_act(at::Tensor y, int64_t flags) {
   return y;
 }
 
-/* The autograd edges are numbered over the defined tensor arguments only. */
-struct Edges {
-  int idx[4] = {-1, -1, -1, -1};
-  static Edges of(std::initializer_list<const at::Tensor *> ts) {
-    Edges e;
-    int k = 0, i = 0;
-    for (auto *t : ts) {
-      if (t->defined()) e.idx[i] = k++;
-      i++;
-    }
-    return e;
-  }
-  int64_t pack() const {
-    int64_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (int64_t)(idx[i] + 1) << (8 * i);
-    return v;
-  }
-  static Edges unpack(int64_t v) {
-    Edges e;
-    for (int i = 0; i < 4; i++) e.idx[i] = (int)((v >> (8 * i)) & 0xff) - 1;
-    return e;
-  }
-  bool needs(AutogradContext *ctx, int i) const {
-    return idx[i] >= 0 && ctx->needs_input_grad((size_t)idx[i]);
-  }
-};
 
 /* ------------------------------------------------------------------------------------------ */
 /* LayerNorm and RMSNorm                                                                       */
