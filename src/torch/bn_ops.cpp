@@ -17,7 +17,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
-#include "edges.h"
+#include "autograd_util.h"
 #include "norma_torch.h"
 
 using namespace norma_torch;
@@ -152,30 +152,6 @@ bool has_zero(const at::Tensor &w) {
   return false;
 }
 
-/* Double backward is not supported: like Python's @once_differentiable, the gradients are
-   handed out through a node that raises if they are differentiated. */
-variable_list once_differentiable(variable_list out, const variable_list &grads) {
-  bool grad_needed = false;
-  for (const auto &g : grads) grad_needed = grad_needed || (g.defined() && g.requires_grad());
-  if (!at::GradMode::is_enabled() || !grad_needed) return out;
-  variable_list in;
-  for (auto &v : out) {
-    at::Tensor t;
-    if (v.defined()) {
-      t = v.detach();
-      t.set_requires_grad(true);
-    }
-    in.push_back(t);
-  }
-  auto err = std::make_shared<torch::autograd::DelayedError>(
-      "norma's BatchNorm backward is not differentiable (double backward is not supported)",
-      (int)in.size());
-  auto res = err->apply(std::move(in));
-  for (size_t i = 0; i < res.size(); i++)
-    if (!out[i].defined()) res[i] = at::Tensor();
-  return res;
-}
-
 /* the edges of x, weight, bias, residual (edges.h) */
 static Edges bn_edges(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
                       const at::Tensor &r) {
@@ -209,7 +185,7 @@ variable_list run_backward(AutogradContext *ctx, const variable_list &grads, int
   Grads g = backward_impl(s[0], s[1], grads[0], s[2], s[3], s[4], s[5], eps,
                           (flags & (kAct | NORMA_CHECK_FINITE)) | extra_flags, nw, nb, nr);
   variable_list out{g.dx, g.dweight, g.dbias, g.dresidual};
-  out = once_differentiable(std::move(out), grads);
+  out = once_differentiable(std::move(out), grads, "BatchNorm");
   out.resize(7); /* the non-tensor arguments: state, eps, flags */
   return out;
 }

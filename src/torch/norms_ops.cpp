@@ -26,7 +26,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
-#include "edges.h"
+#include "autograd_util.h"
 #include "norma_torch.h"
 
 using torch::autograd::AutogradContext;
@@ -75,30 +75,6 @@ at::Tensor pin(const at::Tensor &p, int64_t numel, at::ScalarType pdt, const cha
 at::Tensor grad_to(const at::Tensor &g, const at::Tensor &like) {
   if (!g.defined() || !like.defined() || g.scalar_type() == like.scalar_type()) return g;
   return g.to(like.scalar_type());
-}
-
-/* Double backward is not supported: the gradients go out through a node that raises if they
-   are differentiated (Python's @once_differentiable). */
-variable_list once_diff(variable_list out, const variable_list &grads, const char *what) {
-  bool grad_needed = false;
-  for (const auto &g : grads) grad_needed = grad_needed || (g.defined() && g.requires_grad());
-  if (!at::GradMode::is_enabled() || !grad_needed) return out;
-  variable_list in;
-  for (auto &v : out) {
-    at::Tensor t;
-    if (v.defined()) {
-      t = v.detach();
-      t.set_requires_grad(true);
-    }
-    in.push_back(t);
-  }
-  auto err = std::make_shared<torch::autograd::DelayedError>(
-      std::string("norma's ") + what + " backward is not differentiable (double backward is "
-      "not supported)", (int)in.size());
-  auto res = err->apply(std::move(in));
-  for (size_t i = 0; i < res.size(); i++)
-    if (!out[i].defined()) res[i] = at::Tensor();
-  return res;
 }
 
 /* Double backward (a backward with create_graph=True runs with grad mode on): the first-order
@@ -306,7 +282,7 @@ struct LnFn : public torch::autograd::Function<LnFn> {
       const auto bt = ctx->saved_data.find("bias_dtype");
       if (bt != ctx->saved_data.end()) out[2] = out[2].to((at::ScalarType)bt->second.toInt());
     }
-    out = once_diff(std::move(out), grads, rms ? "RMSNorm" : "LayerNorm");
+    out = once_differentiable(std::move(out), grads, rms ? "RMSNorm" : "LayerNorm");
     out.resize(9); /* d, k, eps, flags, rms */
     return out;
   }
@@ -581,7 +557,7 @@ struct GnFn : public torch::autograd::Function<GnFn> {
                                  ctx->saved_data["flags"].toInt(), e.needs(ctx, 1),
                                  e.needs(ctx, 2));
     variable_list out{g.dx, grad_to(g.dw, w), grad_to(g.db, b)};
-    out = once_diff(std::move(out), grads, groups > 0 ? "GroupNorm" : "InstanceNorm");
+    out = once_differentiable(std::move(out), grads, groups > 0 ? "GroupNorm" : "InstanceNorm");
     out.resize(9); /* groups, running_mean, running_var, momentum, eps, flags */
     return out;
   }
@@ -650,7 +626,7 @@ struct InEvalFn : public torch::autograd::Function<InEvalFn> {
                             s[5].data_ptr(), dx.data_ptr(), nullptr, ptr(dw), ptr(db)),
           "norma_bn_backward");
     variable_list out{dx, grad_to(dw, w), grad_to(db, b)};
-    out = once_diff(std::move(out), grads, "InstanceNorm");
+    out = once_differentiable(std::move(out), grads, "InstanceNorm");
     out.resize(7);
     return out;
   }
