@@ -144,6 +144,17 @@ int64_t ln_size(const at::Tensor &x, at::IntArrayRef ns) {
   return d;
 }
 
+/* the descriptor of a LayerNorm / RMSNorm call on x viewed as [rows, d] */
+norma_ln_desc ln_desc(const at::Tensor &x, int64_t rows, int64_t d, double eps, int64_t flags) {
+  norma_ln_desc dd;
+  dd.rows = rows;
+  dd.d = d;
+  dd.dtype = ndtype(x.scalar_type());
+  dd.eps = eps;
+  dd.flags = (unsigned)(flags & kCFlags);
+  return dd;
+}
+
 struct LnOut {
   at::Tensor x, y, h, mean, invstd; /* x: the contiguous input (h with a residual) */
 };
@@ -173,12 +184,7 @@ LnOut ln_forward_impl(bool rms, const at::Tensor &input, const at::Tensor &resid
     if (!rms) o.mean = at::empty({rows}, popts);
     o.invstd = at::empty({rows}, popts);
   }
-  norma_ln_desc dd;
-  dd.rows = rows;
-  dd.d = d;
-  dd.dtype = ndtype(x.scalar_type());
-  dd.eps = eps;
-  dd.flags = (unsigned)(flags & kCFlags);
+  const norma_ln_desc dd = ln_desc(x, rows, d, eps, flags);
   if (rms)
     check(norma_rms_forward(&dd, x.data_ptr(), ptr(r), ptr(w), o.y.data_ptr(), ptr(o.h),
                             ptr(o.invstd)),
@@ -224,12 +230,7 @@ LnGrads ln_backward_impl(bool rms, const at::Tensor &x_, at::Tensor gy, at::Tens
   g.dx = at::empty(x.sizes(), x.options());
   if (nw) g.dw = at::empty({d}, x.options().dtype(pdt));
   if (nb && !rms) g.db = at::empty({d}, x.options().dtype(pdt));
-  norma_ln_desc dd;
-  dd.rows = rows;
-  dd.d = d;
-  dd.dtype = ndtype(x.scalar_type());
-  dd.eps = eps;
-  dd.flags = (unsigned)(flags & kCFlags);
+  const norma_ln_desc dd = ln_desc(x, rows, d, eps, flags);
   if (rms)
     check(norma_rms_backward(&dd, x.data_ptr(), gy.data_ptr(), ptr(gh), ptr(wp), ip.data_ptr(),
                              g.dx.data_ptr(), ptr(g.dw)),
