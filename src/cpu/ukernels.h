@@ -39,6 +39,10 @@
 /* or-ed into the `act` argument of the apply kernels: outputs may bypass the cache
    (non-temporal stores); kernels without such stores ignore it */
 #define BN_STORE_NT 0x100
+/* or-ed into the `act` argument of fwd_run / bwd_run: run r takes the constants of the r-th
+   channel after cst (cst + r in the compute type), so that one call sweeps the consecutive
+   channels of a sample (channels-first runs shorter than a call's fixed cost) */
+#define BN_RUN_CHANS 0x200
 #define BN_ACT_MASK 0xff
 /* activations: the `act` argument takes BN_ACT_* (internal.h; the values of geom.h's
    NORM_ACT_*) */
