@@ -457,6 +457,16 @@ static void fused_units(norm_job *jb, int64_t b0, int64_t b1, void *arg) {
 
 /* ---- the split schedule ----------------------------------------------------------------- */
 
+/* rows per block of the backwards apply (split_apply_rows).  NORMA_REV_BLOCK, bytes per block
+   (64 KiB), is a knob for experiments: a value above a thread's share walks it forwards. */
+static int64_t env_bytes(const char *name, int64_t dflt);
+static int64_t norm_rev_block_rows(const norm_job *jb) {
+  static int64_t bytes = -1;
+  if (bytes < 0) bytes = env_bytes("NORMA_REV_BLOCK", 65536);
+  const int64_t row = jb->g->c * (int64_t)jb->g->esize;
+  return bytes / row > 1 ? bytes / row : 1;
+}
+
 /* The split schedule runs one unit holding every channel of a range of samples: all of them
    for BatchNorm, one at a time for a per-sample norm with too few samples to feed the threads
    (channels-last).  Its reduction's segments (channels-first: channel, sample block, chunk;
@@ -538,10 +548,18 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
     }
   }
 }
+/* The apply walks each thread's rows backwards, in blocks of about 64 KiB read forwards: the
+   rows the statistics read last are the ones still in the caches (L2 and the LLC), so a tensor
+   somewhat larger than the caches is partly read from them instead of from memory. */
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
-  const int64_t base = urow0(jb, sa->u);
-  if (r1 > r0) apply_rows(jb, sa->u, base + r0, base + r1, 0, jb->g->c);
+  const int64_t base = urow0(jb, sa->u), c = jb->g->c;
+  const int64_t blk = norm_rev_block_rows(jb);
+  for (int64_t hi = r1; hi > r0;) {
+    const int64_t lo = hi - blk > r0 ? hi - blk : r0;
+    apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
+    hi = lo;
+  }
 }
 static void split_apply_slow(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
   (void)i0, (void)i1;
