@@ -1,11 +1,11 @@
 /* simd_avx512.h - the vector layer of ukernels_vec.inc for AVX-512 (F, BW, VL, DQ): 16 f32
  * lanes, opmask tails (masked loads and stores never touch memory outside the mask).
  * f16 is widened with vcvtph2ps (AVX512F); bf16 with a 16-bit shift, and rounded to nearest
- * even on store with integer arithmetic: the AVX512-BF16 conversion (vcvtneps2bf16) treats
- * subnormal inputs as zero, which would change results against the portable definition
- * (convert.h) and PyTorch's; the integer rounding costs a few operations per 16 values of a
- * memory-bound kernel.  The operations match simd_avx2.h lane for lane, so the kernels give
- * the same bits on both.
+ * even on store with integer arithmetic, or, compiled for AVX512-BF16 (NORMA_SIMD_AVX512BF16),
+ * with vcvtneps2bf16 where no lane is subnormal (that instruction treats subnormal inputs as
+ * zero, which would change results against the portable definition, convert.h, and
+ * PyTorch's).  The operations match simd_avx2.h lane for lane, so the kernels give the same
+ * bits on both.
  */
 #ifndef NORMA_SIMD_AVX512_H
 #define NORMA_SIMD_AVX512_H
@@ -58,7 +58,7 @@ VAI vf vld_part(const void *p, int64_t i, int n, const int dt) {
   return v_widen(_mm256_maskz_loadu_epi16(vmask_first(n), (const uint16_t *)p + i), dt);
 }
 
-VAI __m256i v_to_bf16(vf v) {
+VAI __m256i v_to_bf16_int(vf v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
@@ -66,6 +66,20 @@ VAI __m256i v_to_bf16(vf v) {
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
+
+#ifdef NORMA_SIMD_AVX512BF16
+/* With AVX512-BF16 (ukernels_avx512bf16.c): vcvtneps2bf16 rounds to nearest even and quiets
+   NaNs exactly as the integer rounding above does, in one instruction instead of eight, but
+   treats subnormal inputs as zero.  A vector holding a subnormal (vfpclassps, class 0x20:
+   rare, a predicted branch) takes the integer rounding, so the bits are the same on every
+   path (tests/c/test_bf16_round.c checks all 2^32 inputs). */
+VAI __m256i v_to_bf16(vf v) {
+  if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0x20) != 0, 0)) return v_to_bf16_int(v);
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+#else
+VAI __m256i v_to_bf16(vf v) { return v_to_bf16_int(v); }
+#endif
 
 VAI __m256i v_narrow(vf v, const int dt) {
   return dt == S_F16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : v_to_bf16(v);

@@ -2,7 +2,10 @@
    where it has them and the portable ones elsewhere, merged once. */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "cpu.h"
 #include "ukernels.h"
 
 #define NISA 3
@@ -10,6 +13,15 @@
 static bn_ukernels merged[NISA][NDT];
 static norma_isa served[NISA][NDT];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+#ifdef NORMA_HAVE_AVX512BF16
+/* NORMA_NO_AVX512BF16=1 keeps bf16 on the integer rounding of ukernels_avx512.c (the same
+   bits; for testing and measuring the two against each other) */
+static int norma__no_avx512bf16(void) {
+  const char *e = getenv("NORMA_NO_AVX512BF16");
+  return e && *e && strcmp(e, "0") != 0;
+}
+#endif
 
 /* the table an ISA level provides for dtype t (NULL: none) */
 static const bn_ukernels *native(norma_isa isa, norma_dtype t) {
@@ -20,6 +32,10 @@ static const bn_ukernels *native(norma_isa isa, norma_dtype t) {
 #ifdef NORMA_HAVE_AVX2
     case NORMA_ISA_AVX512:
       if (norma__avx512_emulated()) return bn_ukernels_emu16(t);
+#ifdef NORMA_HAVE_AVX512BF16
+      if (t == NORMA_BF16 && norma__cpu_features()->avx512bf16 && !norma__no_avx512bf16())
+        return bn_ukernels_avx512bf16(t);
+#endif
 #ifdef NORMA_HAVE_AVX512
       return bn_ukernels_avx512(t);
 #else

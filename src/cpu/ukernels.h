@@ -191,6 +191,8 @@ static inline void bn_stats_shift(double kb, double K, double s1, double s2, dou
 const bn_ukernels *bn_ukernels_scalar(norma_dtype t);
 const bn_ukernels *bn_ukernels_avx2(norma_dtype t);
 const bn_ukernels *bn_ukernels_avx512(norma_dtype t);
+/* bf16 only, with AVX512-BF16 stores (NULL for the other dtypes) */
+const bn_ukernels *bn_ukernels_avx512bf16(norma_dtype t);
 const bn_ukernels *bn_ukernels_emu16(norma_dtype t); /* the AVX-512 code on AVX2 (testing) */
 
 /* The complete table the engine uses for dtype t on ISA isa (every entry set). */
