@@ -2,7 +2,10 @@
 """Step time of torchvision models with torch's BatchNorm and with norma's (nt.convert), side by
 side in one process: training steps (forward, backward, SGD) and inference forwards, in both
 memory formats.  Random weights (no download).  The variants run interleaved, round after
-round, so that the load of a shared machine hits them alike; the medians are reported.
+round (the order alternating), so that the load of a shared machine hits them alike.  Each
+row gives a variant's median step time and its speed against torch: the ratio of the medians,
+and 'paired', the median over the rounds of torch's step time over the variant's in the same
+round, with its quartiles [q1, q3] (the spread of that ratio on this machine).
 
     examples/bench_torchvision.py --models resnet18,resnet50,mobilenet_v2 --batch 8 --size 112 \\
         --threads 2 --rounds 15
@@ -117,12 +120,21 @@ def run(args):
                     row[v.name + "_speedup"] = t / statistics.median(v.times)
                     row[v.name + "_cpu_ms"] = 1e3 * statistics.median(v.cpu)
                     row[v.name + "_cpu_speedup"] = tc / statistics.median(v.cpu)
+                    # paired: torch's step over this variant's step in the same round (the
+                    # two ran back to back, so the machine's drift cancels); median and
+                    # quartiles over the rounds
+                    pr = sorted(a / b for a, b in zip(variants[0].times, v.times))
+                    q = statistics.quantiles(pr, n=4) if len(pr) > 1 else [pr[0]] * 3
+                    row[v.name + "_paired"] = statistics.median(pr)
+                    row[v.name + "_paired_q1"], row[v.name + "_paired_q3"] = q[0], q[2]
                 results.append(row)
                 print("%-13s %-13s %-5s " % (name, fmt_name, mode) + "  ".join(
-                    "%s %.1f ms (%.3fx, cpu %.3fx)" % (
+                    "%s %.1f ms (%.3fx, paired %.3fx [%.3f, %.3f])" % (
                         v.name, row[v.name + "_ms"], row[v.name + "_speedup"],
-                        row[v.name + "_cpu_speedup"]) for v in variants) +
-                    "   first loss %s" % " / ".join("%.6f" % f for f in first), flush=True)
+                        row[v.name + "_paired"], row[v.name + "_paired_q1"],
+                        row[v.name + "_paired_q3"]) for v in variants[1:]) +
+                    "  torch %.1f ms   first loss %s" % (
+                        row["torch_ms"], " / ".join("%.6f" % f for f in first)), flush=True)
     return results
 
 
