@@ -11,8 +11,9 @@ round, with its quartiles [q1, q3] (the spread of that ratio on this machine).
         --threads 2 --rounds 15
 
 Variants: torch (the model as torchvision builds it), norma (nt.convert: the extension's
-operators, or the ctypes binding when libnorma_torch is not built), and with --ctypes also
-norma through the ctypes binding.  Also checks that the converted model gives torch's loss
+operators, or the ctypes binding when libnorma_torch is not built), with --fuse also
+norma+fuse (nt.convert(model, fuse=True): BatchNorm fused with the ReLU / add + ReLU after
+it), and with --ctypes norma through the ctypes binding.  Also checks that the converted model gives torch's loss
 (to float32 rounding) on the first step.
 """
 
@@ -92,6 +93,10 @@ def run(args):
                 base = build(name)
                 variants = [Variant("torch", copy.deepcopy(base), fmt, None, train),
                             Variant("norma", nt.convert(copy.deepcopy(base)), fmt, None, train)]
+                if args.fuse:
+                    variants.append(Variant("norma+fuse", nt.convert(copy.deepcopy(base),
+                                                                     fuse=True), fmt, None,
+                                            train))
                 if args.ctypes:
                     variants.append(Variant("norma-ctypes", nt.convert(copy.deepcopy(base)),
                                             fmt, "ctypes", train))
@@ -150,6 +155,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ctypes", action="store_true", help="also time the ctypes backend")
+    ap.add_argument("--fuse", action="store_true",
+                    help="also time nt.convert(model, fuse=True) (BatchNorm + ReLU fused)")
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args()
     print("torch %s, torchvision %s, libnorma %s, norma.torch backend: %s, %d threads, "

@@ -33,6 +33,7 @@ from .modules import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm,
                       StreamingBatchNorm)
 from ._sync import SyncBatchNormFunction, sync_batch_norm, sync_timings, default_group
 from .convert import convert, fold_bn, SyncPolicy, deepest, where, synchronized_layers
+from .fuse import fuse_bn_relu
 from .precise import recompute_bn_stats
 from .diagnose import (detect_nonfinite, NonFiniteError, NonFiniteFinding, AdaptiveGradClip,
                        bn_parameters)
@@ -43,7 +44,7 @@ __all__ = [
     "layer_norm", "rms_norm", "group_norm", "instance_norm",
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "StreamingBatchNorm",
     "SyncBatchNormFunction", "sync_batch_norm", "sync_timings", "default_group",
-    "convert", "fold_bn", "SyncPolicy", "deepest", "where", "synchronized_layers",
+    "convert", "fold_bn", "fuse_bn_relu", "SyncPolicy", "deepest", "where", "synchronized_layers",
     "recompute_bn_stats",
     "detect_nonfinite", "NonFiniteError", "NonFiniteFinding", "AdaptiveGradClip",
     "bn_parameters",

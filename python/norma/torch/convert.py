@@ -221,7 +221,8 @@ def _convert_norms(model, kinds):
     return convert_tree(model, lambda n, m: _norm_kind(m) in want, convert_norm)
 
 
-def convert(model, sync=False, process_group=None, count_weighted=None, kinds=None):
+def convert(model, sync=False, process_group=None, count_weighted=None, kinds=None,
+            fuse=False):
     """Returns `model` with every torch.nn.BatchNorm1d/2d/3d, LayerNorm, GroupNorm and
     InstanceNorm1d/2d/3d (exactly those types; subclasses with their own forward are left
     alone) replaced by norma's, sharing the same parameters and buffers (so state_dict,
@@ -245,11 +246,19 @@ def convert(model, sync=False, process_group=None, count_weighted=None, kinds=No
     default group of torch.distributed when it is initialized, else MPI.COMM_WORLD).
     count_weighted: True / False sets the option on every converted layer (None keeps that of
     norma's layers, off for torch's).
+    fuse: True also fuses each BatchNorm with the ReLU, or the residual add and ReLU, after it
+    (norma.torch.fuse_bn_relu): the result is then a torch.fx.GraphModule with the model's
+    submodules and state_dict keys, not the model's own class; the model must be traceable by
+    torch.fx (its errors propagate).
     """
     kinds = _parse_kinds(kinds)
     if "batch" in kinds:
         model = _convert_batch(model, sync, process_group, count_weighted)
-    return _convert_norms(model, kinds)
+    model = _convert_norms(model, kinds)
+    if fuse:
+        from .fuse import fuse_bn_relu
+        model = fuse_bn_relu(model)
+    return model
 
 
 def _convert_batch(model, sync, process_group, count_weighted):
