@@ -12,9 +12,10 @@
    Columns:
      local   norma_bn_forward_training / norma_bn_backward on the local batch, one process
      mpi     the _mpi call (this rank's batch is the local batch; the global batch is P times)
-     coll    the collective alone: MPI_Allgather (ag) or MPI_Allreduce with a non-commutative
-             operation (ar) of one record per rank, as the library sends; "used" is the one the
-             automatic choice takes (NORMA_MPI_EXCHANGE unset)
+     coll    the exchange alone: MPI_Allgather (ag) or MPI_Allreduce with a non-commutative
+             operation (ar) of the library's records (a fixed-size first record, and a second
+             for the channels beyond its 512 / 341); "used" is what the automatic choice takes
+             for each record (NORMA_MPI_EXCHANGE unset)
      share   coll(used) / mpi
    Also printed once: MPI_Comm_dup + MPI_Comm_free, what a per-call duplicate would add. */
 #define _POSIX_C_SOURCE 200809L
@@ -101,28 +102,55 @@ static void run_allreduce(void *a) {
   MPI_Allreduce(c->send, c->recv, 1, c->type, c->op, c->comm);
 }
 
+/* The library's records (src/mpi/bn_mpi.c): a 72-byte header, then per_channel doubles per
+   channel; the first record of a call has a fixed size (the header and 8 KiB: the first
+   1024 / per_channel channels), and a second one carries the remaining channels when there
+   are more.  Each record takes the allgather while (size - 1 - ceil(log2 size)) records are at
+   most 32 KiB, else the allreduce. */
+#define REC_HDR 72
+#define SEG0_DATA 8192
+static int use_allgather(size_t rec_bytes) {
+  int rounds = 0;
+  while ((1 << rounds) < g_size) rounds++;
+  const size_t extra = (size_t)(g_size - 1 - rounds);
+  return extra == 0 || rec_bytes <= 32768 / extra;
+}
+
 /* A non-commutative operation of the record's cost class: adds the doubles after the header. */
 static void add_records(void *in, void *inout, int *len, MPI_Datatype *dt) {
   int sz;
   MPI_Type_size(*dt, &sz);
   for (int i = 0; i < *len; i++) {
-    const double *a = (const double *)((char *)in + (size_t)i * sz + 48);
-    double *b = (double *)((char *)inout + (size_t)i * sz + 48);
-    for (int k = 0; k < (sz - 48) / 8; k++) b[k] = a[k] + b[k];
+    const double *a = (const double *)((char *)in + (size_t)i * sz + REC_HDR);
+    double *b = (double *)((char *)inout + (size_t)i * sz + REC_HDR);
+    for (int k = 0; k < (sz - REC_HDR) / 8; k++) b[k] = a[k] + b[k];
   }
 }
 
-static void coll_times(ctx *c, int per_channel, double *ag, double *ar) {
-  c->rec_bytes = 48 + 8 * per_channel * (int)c->d.c;
-  c->send = calloc(1, (size_t)c->rec_bytes);
-  c->recv = calloc((size_t)g_size, (size_t)c->rec_bytes);
-  MPI_Type_contiguous(c->rec_bytes, MPI_BYTE, &c->type);
-  MPI_Type_commit(&c->type);
-  *ag = time_it(run_allgather, c);
-  *ar = time_it(run_allreduce, c);
-  MPI_Type_free(&c->type);
-  free(c->send);
-  free(c->recv);
+/* The exchange of one direction alone, both collectives for every record (ag, ar) and the
+   library's choice per record (used, named in which[]: "ag", "ar" or "ag+ar") */
+static void coll_times(ctx *c, int per_channel, double *ag, double *ar, double *used,
+                       char which[8]) {
+  const int64_t seg0_ch = SEG0_DATA / 8 / per_channel;
+  size_t bytes[2] = {REC_HDR + SEG0_DATA, 0};
+  int nrec = 1;
+  if (c->d.c > seg0_ch) bytes[1] = REC_HDR + (size_t)(8 * per_channel * (c->d.c - seg0_ch)), nrec = 2;
+  *ag = *ar = *used = 0.0;
+  which[0] = 0;
+  for (int r = 0; r < nrec; r++) {
+    c->rec_bytes = (int)bytes[r];
+    c->send = calloc(1, bytes[r]);
+    c->recv = calloc((size_t)g_size, bytes[r]);
+    MPI_Type_contiguous(c->rec_bytes, MPI_BYTE, &c->type);
+    MPI_Type_commit(&c->type);
+    const double tg = time_it(run_allgather, c), tr = time_it(run_allreduce, c);
+    const int g = use_allgather(bytes[r]);
+    *ag += tg, *ar += tr, *used += g ? tg : tr;
+    strcat(which, r ? (g ? "+ag" : "+ar") : (g ? "ag" : "ar"));
+    MPI_Type_free(&c->type);
+    free(c->send);
+    free(c->recv);
+  }
 }
 
 static void bench_shape(int64_t n, int64_t ch, int64_t s, norma_layout layout, norma_dtype dt) {
@@ -150,24 +178,17 @@ static void bench_shape(int64_t n, int64_t ch, int64_t s, norma_layout layout, n
   run_fwd_mpi(&c); /* the first call duplicates the communicator: not timed */
   double fl = time_it(run_fwd_local, &c), fm = time_it(run_fwd_mpi, &c);
   double bl = time_it(run_bwd_local, &c), bm = time_it(run_bwd_mpi, &c);
-  double fag, far, bag, bar;
-  coll_times(&c, 2, &fag, &far);
-  coll_times(&c, 3, &bag, &bar);
-  /* the library's automatic choice: allgather while (size - 1 - ceil(log2 size)) records
-     are at most 32 KiB */
-  int rounds = 0;
-  while ((1 << rounds) < g_size) rounds++;
-  size_t extra = (size_t)(g_size - 1 - rounds);
-  int fg = extra * (48 + 16 * (size_t)ch) <= 32768;
-  int bgth = extra * (48 + 24 * (size_t)ch) <= 32768;
-  double fc = fg ? fag : far, bc = bgth ? bag : bar;
+  double fag, far, fc, bag, bar, bc;
+  char fw[8], bw[8];
+  coll_times(&c, 2, &fag, &far, &fc, fw);
+  coll_times(&c, 3, &bag, &bar, &bc, bw);
   if (g_rank == 0) {
     char shape[64];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)n, (long long)ch, (long long)s);
     printf("%2d  %-16s | fwd local %9.1f mpi %9.1f coll ag %7.1f ar %7.1f used %s %5.1f%% "
            "| bwd local %9.1f mpi %9.1f coll ag %7.1f ar %7.1f used %s %5.1f%%\n",
-           g_size, shape, fl, fm, fag, far, fg ? "ag" : "ar", 100.0 * fc / fm, bl, bm, bag, bar,
-           bgth ? "ag" : "ar", 100.0 * bc / bm);
+           g_size, shape, fl, fm, fag, far, fw, 100.0 * fc / fm, bl, bm, bag, bar, bw,
+           100.0 * bc / bm);
     fflush(stdout);
   }
   MPI_Op_free(&c.op);
