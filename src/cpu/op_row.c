@@ -199,11 +199,15 @@ static void fwd_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
       stats_finish(o + 3, c, &mean, &mlo, &var);
       fwd_group(rc, h1, (char *)a->y + (size_t)((r + 1) * c) * es, r + 1, 0, mean, mlo, var);
     }
+  /* rows alone (RMSNorm, wider residual rows, the last of an odd range): the next row as in
+     pairs */
+  const int pf1 = cpg == c && (size_t)(a->res ? 2 : 1) * (size_t)c * es <= ROW_PREFETCH_MAX;
   for (; r < r1; r++) {
     const char *h = row_input(rc, r, buf);
     for (int64_t c0 = 0; c0 < c; c0 += cpg) {
       double mean, mlo, var;
       group_stats(rc, h + (size_t)c0 * es, cpg, &mean, &mlo, &var);
+      if (pf1 && r + 1 < r1) prefetch_row(rc, r + 1);
       fwd_group(rc, h + (size_t)c0 * es, (char *)a->y + (size_t)(r * c + c0) * es,
                 r * (c / cpg) + c0 / cpg, c0, mean, mlo, var);
     }
