@@ -682,6 +682,58 @@ static void test_aliasing(void) {
     }
 }
 
+/* ---- a row's results do not depend on its neighbours ------------------------------------------ */
+
+/* LayerNorm forward of rows 1..R-1 of a tensor, called on its own, gives rows 1..R-1 of the
+   call on the whole tensor bit for bit: the engine takes rows by pairs (their statistics in one
+   interleaved kernel call), and shifting by one row changes every row's partner and which row
+   goes alone. */
+static void row_shift_case(norma_dtype dt, int64_t d, int fill, int res) {
+  const int64_t R = 9;
+  const size_t es = tu_esize(dt), ps = tu_esize(tu_ptype(dt)), bytes = (size_t)(R * d) * es;
+  tu_set_ctx("row shift dtype %d d=%lld fill=%d res=%d", (int)dt, (long long)d, fill, res);
+  tu_rng rng = tu_rng_make(0x5eed + (uint64_t)d * 8 + (uint64_t)fill * 2 + (uint64_t)res);
+  void *x = tu_alloc(bytes), *r = tu_alloc(bytes), *g = tu_alloc((size_t)d * ps),
+       *b = tu_alloc((size_t)d * ps);
+  void *y0 = tu_poisoned(bytes), *y1 = tu_poisoned(bytes), *s0 = tu_poisoned(bytes),
+       *s1 = tu_poisoned(bytes);
+  void *m0 = tu_poisoned((size_t)R * ps), *m1 = tu_poisoned((size_t)R * ps),
+       *i0 = tu_poisoned((size_t)R * ps), *i1 = tu_poisoned((size_t)R * ps);
+  const double big = dt == NORMA_F16 || dt == NORMA_BF16 ? 1000.0 : 1e6;
+  for (int64_t e = 0; e < R * d; e++) {
+    double v = tu_uniform(&rng, -1.0, 1.0);
+    if (fill == 1) v += big;                          /* large mean */
+    if (fill == 2) v = (e / d) % 2 ? 0.0 : -0.0;      /* zero rows of both signs */
+    if (fill == 3) v = 3.0;                           /* constant rows */
+    tu_store(dt, x, e, v);
+    tu_store(dt, r, e, tu_uniform(&rng, -0.5, 0.5));
+  }
+  tu_fill_param(dt, g, d, &rng, 0.5, 1.5);
+  tu_fill_param(dt, b, d, &rng, -0.5, 0.5);
+  norma_ln_desc D = {R, d, dt, 1e-5, 0};
+  EXPECT_OK(norma_ln_forward(&D, x, res ? r : NULL, g, b, y0, res ? s0 : NULL, m0, i0), "whole");
+  D.rows = R - 1;
+  const char *x1 = (char *)x + (size_t)d * es, *r1 = res ? (char *)r + (size_t)d * es : NULL;
+  EXPECT_OK(norma_ln_forward(&D, x1, r1, g, b, y1, res ? s1 : NULL, m1, i1), "shifted");
+  const size_t rb = (size_t)((R - 1) * d) * es;
+  TU_CHECK(memcmp((char *)y0 + (size_t)d * es, y1, rb) == 0, "[%s] y differs", tu_ctx);
+  TU_CHECK(!res || memcmp((char *)s0 + (size_t)d * es, s1, rb) == 0, "[%s] sum differs", tu_ctx);
+  TU_CHECK(memcmp((char *)m0 + ps, m1, (size_t)(R - 1) * ps) == 0, "[%s] save_mean differs",
+           tu_ctx);
+  TU_CHECK(memcmp((char *)i0 + ps, i1, (size_t)(R - 1) * ps) == 0, "[%s] save_invstd differs",
+           tu_ctx);
+  free(x), free(r), free(g), free(b), free(y0), free(y1), free(s0), free(s1);
+  free(m0), free(m1), free(i0), free(i1);
+}
+
+static void test_row_shift(void) {
+  static const int64_t ds[] = {1, 31, 33, 64, 100, 768, 1000, 1280};
+  for (int t = 0; t < 4; t++)
+    for (int k = 0; k < (int)(sizeof ds / sizeof ds[0]); k++)
+      for (int fill = 0; fill < 4; fill++)
+        for (int res = 0; res < 2; res++) row_shift_case(TN_DTS[t], ds[k], fill, res);
+}
+
 int main(void) {
   printf("test_norm_semantics: ISA %s\n", norma_isa_name(norma_get_isa()));
   test_single_value_groups();
@@ -691,5 +743,6 @@ int main(void) {
   test_equivalences();
   test_given_stats();
   test_aliasing();
+  test_row_shift();
   return tu_finish("test_norm_semantics");
 }
