@@ -111,6 +111,15 @@ static int64_t cf_spr(const norm_job *jb) {
   const int64_t v = 512 / jb->g->s;
   return v < 1 ? 1 : v > 8 ? 8 : v;
 }
+/* Channels-first runs shorter than this many bytes are applied (and a single sample's backward
+   sums taken) a sample at a time, one kernel call sweeping its consecutive channels
+   (BN_RUN_CHANS) in memory order: a call per (sample, channel) cost more than the run itself
+   on 4x4 and 7x7 layers (measured: inference 8x960x4x4 at half PyTorch's speed). */
+#define CF_SWEEP_BELOW 512
+static int cf_sweep(const norm_job *jb) {
+  return cf_chunks(jb) == 1 && jb->g->s * (int64_t)jb->g->esize < CF_SWEEP_BELOW;
+}
+
 /* rows of the samples [i0, i1) in rows form */
 static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
 
@@ -254,6 +263,15 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
       for (int64_t j = 0; j < u->nc; j++)
         absorb(jb, u->tot, u->ts, j, ra == r0, &s[j], u->ts, (double)(rb - ra));
     }
+  } else if (jb->nsums == SUMS_BWD && u->i1 - u->i0 == 1 && cf_sweep(jb)) {
+    /* one sample's short runs (a per-sample norm's unit): one call sweeps its channels
+       (BN_RUN_CHANS), each channel's sums as its own call would give them, into the unit's
+       segment buffer (3 * ts doubles after dcst) */
+    double *s = (double *)((char *)u->dcst + norm_up64((size_t)u->ts * 3 * sizeof(double)));
+    const int64_t e = (u->i0 * g->c + u->j0) * g->s;
+    jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), g->s, u->nc,
+                         g->s, u->cst, u->cs, jb->act | BN_RUN_CHANS, s);
+    for (int64_t j = 0; j < u->nc; j++) absorb(jb, u->tot, u->ts, j, 1, &s[3 * j], 1, (double)g->s);
   } else {
     const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
     double s[3];
@@ -309,15 +327,6 @@ static void apply_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t
   else
     jb->uk->fwd_run(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), len, nr,
                     stride, k, u->cs, g->act | jb->store);
-}
-
-/* Channels-first runs shorter than this many bytes are applied a sample at a time, one kernel
-   call sweeping its consecutive channels (BN_RUN_CHANS) in memory order: a call per
-   (sample, channel) cost more than the run itself on 4x4 and 7x7 layers (measured: inference
-   8x960x4x4 at half PyTorch's speed). */
-#define CF_SWEEP_BELOW 512
-static int cf_sweep(const norm_job *jb) {
-  return cf_chunks(jb) == 1 && jb->g->s * (int64_t)jb->g->esize < CF_SWEEP_BELOW;
 }
 
 /* channels [ch, ch + nc) of sample i, whole runs, in one call */

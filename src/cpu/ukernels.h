@@ -39,9 +39,11 @@
 /* or-ed into the `act` argument of the apply kernels: outputs may bypass the cache
    (non-temporal stores); kernels without such stores ignore it */
 #define BN_STORE_NT 0x100
-/* or-ed into the `act` argument of fwd_run / bwd_run: run r takes the constants of the r-th
-   channel after cst (cst + r in the compute type), so that one call sweeps the consecutive
-   channels of a sample (channels-first runs shorter than a call's fixed cost) */
+/* or-ed into the `act` argument of fwd_run / bwd_run / bwd_sums_run: run r takes the
+   constants of the r-th channel after cst (cst + r in the compute type), so that one call
+   sweeps the consecutive channels of a sample (channels-first runs shorter than a call's fixed
+   cost); bwd_sums_run then writes run r's sums to out[3 r .. 3 r + 2], each computed as a call
+   for that run alone would */
 #define BN_RUN_CHANS 0x200
 #define BN_ACT_MASK 0xff
 /* activations: the `act` argument takes BN_ACT_* (internal.h; the values of geom.h's
