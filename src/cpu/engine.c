@@ -29,9 +29,10 @@ static inline int omp_get_num_threads(void) { return 1; }
 #endif
 
 /* rows per micro-kernel call in channels-last reductions.  The statistics take blocks of about
-   128 KiB (read twice while in L2; a larger block spreads the per-channel work of a call over
-   more values), a power of two in [64, 256]: each channel adds its rows in one f32 lane, so
-   more rows would cost accuracy.  The backward's sums, which have no per-block work, take 64.
+   128 KiB (a segment's first block is read twice while in L2, to set the anchors; the later
+   ones once, around them; a larger block spreads the per-channel work of a call over more
+   values), a power of two in [64, 256]: each channel adds its rows in one f32 lane, so more
+   rows would cost accuracy.  The backward's sums, which have no per-block work, take 64.
    Shape alone decides it. */
 static inline int64_t block_rows(int stats, int64_t c, size_t esize) {
   if (!stats) return 64;
@@ -492,14 +493,25 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
   return jb->rows_form ? (urows(jb, u) + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS
                        : (u->i1 - u->i0 + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
 }
-/* Channels per rows-form work item of the split reduction: whole rows (memory in order) when
-   the row segments alone keep the threads busy, else blocks of channels (at least 128, a
-   multiple of 16) so that a tensor of few rows still feeds every thread.  A column's sums do
-   not depend on the block that holds it. */
+/* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
+   thread streaming a contiguous range) when the row segments alone share out evenly (the
+   threads' contiguous ranges of segments within 15% of an equal share of the rows), else each
+   segment in one block of channels per thread (at least 128 channels, a multiple of 16), so a
+   tensor of few rows still feeds every thread and each still reads long pieces of its rows.  A
+   column's sums do not depend on the block that holds it. */
 static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
-  const int64_t c = jb->g->c, nseg = nsegments(jb, u), want = 4 * (int64_t)jb->nt;
-  if (nseg >= want) return c;
-  int64_t nb = (want + nseg - 1) / nseg, maxb = (c + 127) / 128;
+  const int64_t c = jb->g->c, nseg = nsegments(jb, u), nt = jb->nt, rows = urows(jb, u);
+  if (nt <= 1) return c;
+  if (nseg >= nt) {
+    int64_t most = 0;
+    for (int64_t t = 0; t < nt; t++) {
+      const int64_t a = nseg * t / nt * NORM_CL_SEG_ROWS, b = nseg * (t + 1) / nt * NORM_CL_SEG_ROWS;
+      const int64_t r = (b < rows ? b : rows) - a;
+      if (r > most) most = r;
+    }
+    if ((double)most * (double)nt <= 1.15 * (double)rows) return c;
+  }
+  int64_t nb = nt, maxb = (c + 127) / 128;
   if (nb > maxb) nb = maxb;
   if (nb < 1) nb = 1;
   const int64_t w = ((c + nb - 1) / nb + 15) / 16 * 16;

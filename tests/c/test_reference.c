@@ -9,7 +9,13 @@
  *     NORMA_BN_BIASED_RUNNING_VAR) and the moments must be the exact values or 1 ulp off;
  *  3. large-mean accuracy: f32 data with mean 1e4, std 0.1 and f64 data with mean 1e8, std 1,
  *     both layouts: y, dx, dgamma, dbeta (and the moments) within 1e-4 (f32) / 1e-8 (f64)
- *     normwise relative error, the backward given the save_mean / save_invstd of the forward.
+ *     normwise relative error, the backward given the save_mean / save_invstd of the forward;
+ *  4. channels-last statistics over many row blocks, whose later blocks take the one-pass
+ *     kernel around the first block's anchors unless that is unsafe: per channel, ordinary
+ *     data, a mean that drifts far from the first block's, a step after the first block,
+ *     spreads of 1e30 and 1e-30, a constant, a constant with one outlier; the mean and the
+ *     variance of every channel within 1e-5 relative (of the spread) of a long-double
+ *     reference, in f32, f16 and bf16.
  */
 #include "test_util.h"
 
@@ -472,9 +478,65 @@ static void test_large_mean(void) {
   }
 }
 
+/* ---- 4. channels-last statistics over many row blocks ---- */
+
+/* channel j's value at row r (of m rows) by kind j % 7; 16-bit storage gets magnitudes it
+   can hold (kinds 3 and 4 are f32's concern) */
+static double onepass_value(int64_t j, int64_t r, int64_t m, int wide, tu_rng *rng) {
+  const double z = tu_normal(rng);
+  switch (j % 7) {
+  case 0: return 3.0 + z;                                        /* ordinary */
+  case 1: return (double)r * 4.0 + z;                            /* drifts from block 0's mean */
+  case 2: return wide ? (r < 300 ? 0.0 : 1e5) + 0.01 * z         /* a step after the first */
+                      : (r < 300 ? 0.0 : 1e3) + z;               /* block, far from its spread */
+  case 3: return wide ? 1e30 * z : 1.0 + z;                      /* d^2 would overflow f32 */
+  case 4: return wide ? 1e-30 * z : 1.0 + z;                     /* d^2 would underflow f32 */
+  case 5: return -2.5;                                           /* constant */
+  default: return r == m / 2 ? 7.0 : 1.0;                        /* one outlier */
+  }
+}
+
+static void onepass_case(int64_t n, int64_t c, int64_t s, norma_dtype dt, uint64_t seed) {
+  const int64_t m = n * s, total = n * c * s;
+  prob p = {n, c, s, NORMA_CHANNELS_LAST, dt, 0.0, 0};
+  norma_bn_desc d = desc_of(&p);
+  tu_rng r = tu_rng_make(seed);
+  void *x = tu_alloc(total * tu_esize(dt));
+  for (int64_t row = 0; row < m; row++)
+    for (int64_t j = 0; j < c; j++) {
+      tu_store(dt, x, row * c + j, onepass_value(j, row, m, dt == NORMA_F32, &r));
+    }
+  double *mean = tu_alloc(c * 8), *var = tu_alloc(c * 8);
+  ind_stats(&p, x, mean, NULL, var);
+  int64_t *cnt = tu_alloc(c * 8);
+  double *mo = tu_alloc(c * 8), *m2 = tu_alloc(c * 8);
+  tu_set_ctx("one-pass rows n=%lld c=%lld s=%lld %s", (long long)n, (long long)c, (long long)s,
+             tu_dt_name(dt));
+  EXPECT_OK(norma_bn_moments(&d, x, cnt, mo, m2), "moments");
+  for (int64_t j = 0; j < c; j++) {
+    const double sd = sqrt(var[j]);
+    const double em = sd > 0 ? fabs(mo[j] - mean[j]) / sd : fabs(mo[j] - mean[j]);
+    const double ev = var[j] > 0 ? fabs(m2[j] / (double)m - var[j]) / var[j] : fabs(m2[j]);
+    TU_CHECK(em <= 1e-5 && ev <= 1e-5, "[%s] channel %lld (kind %lld): mean %.9g (exact %.9g), "
+             "var %.9g (exact %.9g)", tu_ctx, (long long)j, (long long)(j % 7), mo[j], mean[j],
+             m2[j] / (double)m, var[j]);
+  }
+  free(x), free(mean), free(var), free(cnt), free(mo), free(m2);
+}
+
+static void test_onepass_rows(void) {
+  static const norma_dtype dts[] = {NORMA_F32, NORMA_F16, NORMA_BF16};
+  for (int t = 0; t < 3; t++) {
+    onepass_case(4, 7, 1500, dts[t], 600 + t);  /* 6000 rows: two segments, many blocks */
+    onepass_case(2, 35, 1021, dts[t], 610 + t); /* tails of 8 and 16 lanes, a short last block */
+    onepass_case(3, 700, 97, dts[t], 620 + t);  /* wide rows: blocks of 64 */
+  }
+}
+
 int main(void) {
   test_independent();
   test_exact();
   test_large_mean();
+  test_onepass_rows();
   return tu_finish("test_reference");
 }
