@@ -346,18 +346,22 @@ static void apply_cf_chans(const norm_job *jb, const norm_unit *u, int64_t ch, i
                     g->s, k, u->cs, flags);
 }
 
-static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
-                       int64_t j0, int64_t nc) {
+static void apply_rows_f(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
+                         int64_t j0, int64_t nc, int flags) {
   const norm_geom *g = jb->g;
   const int64_t e = r0 * g->c + j0;
   const void *k = cst_at(jb, u, j0 - u->j0);
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
-                     g->act | jb->store);
+                     g->act | jb->store | flags);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
-                     g->c, nc, k, u->cs, g->act | jb->store);
+                     g->c, nc, k, u->cs, g->act | jb->store | flags);
+}
+static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
+                       int64_t j0, int64_t nc) {
+  apply_rows_f(jb, u, r0, r1, j0, nc, 0);
 }
 
 static void unit_apply(const norm_job *jb, const norm_unit *u) {
@@ -495,9 +499,10 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
 }
 /* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
    thread streaming a contiguous range) when the row segments alone share out evenly (the
-   threads' contiguous ranges of segments within 15% of an equal share of the rows), else each
-   segment in one block of channels per thread (at least 128 channels, a multiple of 16), so a
-   tensor of few rows still feeds every thread and each still reads long pieces of its rows.  A
+   threads' contiguous ranges of segments within 15% of an equal share of the rows), else the
+   channels in one block per thread (at least 128 channels, a multiple of 16), each thread
+   taking its block of every segment: balanced whatever the segments' lengths, and each thread
+   still reads long pieces of the rows.  A
    column's sums do not depend on the block that holds it. */
 static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
   const int64_t c = jb->g->c, nseg = nsegments(jb, u), nt = jb->nt, rows = urows(jb, u);
@@ -533,13 +538,14 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
     seg_sums_cf(jb, sa->u, ch, i, i1 - i < spr ? i1 - i : spr, seg % nch, &sa->part[it * 3]);
   }
 }
-/* rows form: part[seg * 3 * c + k * c + j]; work items are (segment, channel block) */
+/* rows form: part[seg * 3 * c + k * c + j]; work items are (channel block, segment), block
+   major: with one block per thread each thread takes one block of every segment */
 static void split_sums_rows(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const split_arg *sa = arg;
-  const int64_t c = jb->g->c, cb = sa->cb, nb = (c + cb - 1) / cb;
+  const int64_t c = jb->g->c, cb = sa->cb, nseg = sa->nseg;
   const int64_t base = urow0(jb, sa->u), end = base + urows(jb, sa->u);
   for (int64_t it = w0; it < w1; it++) {
-    const int64_t seg = it / nb, j0 = (it % nb) * cb;
+    const int64_t seg = it % nseg, j0 = (it / nseg) * cb;
     const int64_t nc = c - j0 < cb ? c - j0 : cb;
     const int64_t r0 = base + seg * NORM_CL_SEG_ROWS;
     const int64_t r1 = r0 + NORM_CL_SEG_ROWS < end ? r0 + NORM_CL_SEG_ROWS : end;
@@ -569,16 +575,25 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
     }
   }
 }
-/* The apply walks each thread's rows backwards, in blocks of about 64 KiB read forwards: the
-   rows the statistics read last are the ones still in the caches (L2 and the LLC), so a tensor
-   somewhat larger than the caches is partly read from them instead of from memory. */
+/* After a reduction the apply walks each thread's rows backwards, in blocks of about 64 KiB
+   read forwards: the rows the statistics read last are the ones still in the caches (L2 and
+   the LLC), so a tensor somewhat larger than the caches is partly read from them instead of
+   from memory.  Without one (inference) it walks forwards. */
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
+  if (!jb->nsums) { /* nothing read before: forwards, the kernels prefetching ahead */
+    for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
+      const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
+      apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
+    }
+    return;
+  }
   const int64_t blk = norm_rev_block_rows(jb);
   for (int64_t hi = r1; hi > r0;) {
     const int64_t lo = hi - blk > r0 ? hi - blk : r0;
-    apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
+    /* the kernel prefetches the next block down (a whole block of the same size) */
+    apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, lo - blk >= r0 ? BN_PF_BACK : 0);
     hi = lo;
   }
 }

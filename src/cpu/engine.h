@@ -28,7 +28,7 @@
 #include "ukernels.h"
 
 #define NORM_CF_CHUNK 4096     /* values per channels-first segment */
-#define NORM_CL_SEG_ROWS 4096  /* rows per channels-last segment */
+#define NORM_CL_SEG_ROWS 1024  /* rows per channels-last segment */
 #define NORM_ROWS_CHUNK 1024   /* channels per rows-kernel call */
 #define NORM_SERIAL_BELOW 32768 /* tensors with fewer values run without a parallel region */
 #define NORM_MAX_UNIT 512      /* channels per BatchNorm unit */

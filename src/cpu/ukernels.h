@@ -45,6 +45,10 @@
    cost); bwd_sums_run then writes run r's sums to out[3 r .. 3 r + 2], each computed as a call
    for that run alone would */
 #define BN_RUN_CHANS 0x200
+/* or-ed into the `act` argument of fwd_rows / bwd_rows: the caller walks its rows backwards in
+   blocks of the call's size, so the kernel prefetches the block before this one (all of it)
+   instead of the rows ahead within the call */
+#define BN_PF_BACK 0x400
 #define BN_ACT_MASK 0xff
 /* activations: the `act` argument takes BN_ACT_* (internal.h; the values of geom.h's
    NORM_ACT_*) */
