@@ -502,15 +502,16 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
    threads' contiguous ranges of segments within 15% of an equal share of the rows), else the
    channels in one block per thread (at least 128 channels, a multiple of 16), each thread
    taking its block of every segment: balanced whatever the segments' lengths, and each thread
-   still reads long pieces of the rows.  A
-   column's sums do not depend on the block that holds it. */
+   still reads long pieces of the rows.  A column's sums do not depend on the block that holds
+   it. */
 static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
   const int64_t c = jb->g->c, nseg = nsegments(jb, u), nt = jb->nt, rows = urows(jb, u);
   if (nt <= 1) return c;
   if (nseg >= nt) {
     int64_t most = 0;
     for (int64_t t = 0; t < nt; t++) {
-      const int64_t a = nseg * t / nt * NORM_CL_SEG_ROWS, b = nseg * (t + 1) / nt * NORM_CL_SEG_ROWS;
+      const int64_t a = nseg * t / nt * NORM_CL_SEG_ROWS;
+      const int64_t b = nseg * (t + 1) / nt * NORM_CL_SEG_ROWS;
       const int64_t r = (b < rows ? b : rows) - a;
       if (r > most) most = r;
     }
