@@ -136,7 +136,7 @@ static int64_t wide_factor(const norm_geom *g, int backward) {
      whose masked store would share a line with the next row's streaming stores: measured 2x
      slower inference for C = 3), up to 512 columns */
   for (int64_t k = 512 / g->c; k > 1; k--)
-    if (g->m % k == 0 && k * g->c * (int64_t)g->esize % 64 == 0) return k;
+    if (g->m % k == 0 && k * row % 64 == 0) return k;
   for (int64_t k = (256 + g->c - 1) / g->c; k > 1; k--)
     if (g->m % k == 0) return k;
   return 1;
