@@ -1,5 +1,7 @@
 /* ukernels.c - the kernel tables the engine runs: for each ISA and dtype, the ISA's kernels
    where it has them and the portable ones elsewhere, merged once. */
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -63,6 +65,57 @@ static void merge_all(void) {
       merged[i][t] = m;
       served[i][t] = own ? (norma_isa)lvl : NORMA_ISA_SCALAR;
     }
+}
+
+/* the widest of the ISA's double-precision helpers the CPU runs natively */
+static int dbl_isa(void) {
+  const norma_isa isa = norma__isa();
+#ifdef NORMA_HAVE_AVX512
+  if (isa == NORMA_ISA_AVX512 && !norma__avx512_emulated()) return 2;
+#endif
+#ifdef NORMA_HAVE_AVX2
+  if (isa >= NORMA_ISA_AVX2) return 1;
+#endif
+  (void)isa;
+  return 0;
+}
+
+void norm_invsqrt(const double *v, double *out, int64_t n) {
+  switch (dbl_isa()) {
+#ifdef NORMA_HAVE_AVX512
+    case 2: norm_invsqrt_avx512(v, out, n); return;
+#endif
+#ifdef NORMA_HAVE_AVX2
+    case 1: norm_invsqrt_avx2(v, out, n); return;
+#endif
+    default:
+      for (int64_t i = 0; i < n; i++) out[i] = 1.0 / sqrt(v[i]);
+  }
+}
+
+int norm_fwd_consts_scalar(const norm_fwd_block *b, int64_t i, int64_t n) {
+  int slow = 0;
+  for (; i < n; i++) {
+    const float mf = (float)b->mean[i];
+    const double mhi = (double)mf, lo = (b->mean[i] - mhi) + b->mlo[i], sc = b->scale[i];
+    const double shift = lo == 0.0 ? b->beta[i] : b->beta[i] - lo * sc;
+    b->cm[i] = mf, b->csc[i] = (float)sc, b->csh[i] = (float)shift;
+    b->dm[i] = mhi, b->dsc[i] = sc, b->dsh[i] = shift;
+    slow |= (fabs(sc) > FLT_MAX && isfinite(sc)) | (fabs(shift) > FLT_MAX && isfinite(shift));
+  }
+  return slow;
+}
+
+int norm_fwd_consts(const norm_fwd_block *b, int64_t n) {
+  switch (dbl_isa()) {
+#ifdef NORMA_HAVE_AVX512
+    case 2: return norm_fwd_consts_avx512(b, n);
+#endif
+#ifdef NORMA_HAVE_AVX2
+    case 1: return norm_fwd_consts_avx2(b, n);
+#endif
+    default: return norm_fwd_consts_scalar(b, 0, n);
+  }
 }
 
 const bn_ukernels *bn_ukernels_for(norma_isa isa, norma_dtype t) {
