@@ -123,6 +123,10 @@ static int cf_sweep(const norm_job *jb) {
 
 /* rows of the samples [i0, i1) in rows form */
 static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
+/* rows per segment of a channels-last reduction over `rows` rows (norm_cl_seg_len) */
+static inline int64_t seg_len(const norm_job *jb, int64_t rows) {
+  return norm_cl_seg_len(rows, jb->g->c * (int64_t)jb->g->esize);
+}
 
 /* the narrowest unit of the fused schedule in rows form: one 64-byte line of each row */
 static int64_t rows_line(const norm_job *jb) {
@@ -258,8 +262,9 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
     const int64_t r0 = row_of(jb, u->i0), r1 = row_of(jb, u->i1);
     /* the unit's segment buffer follows its arrays (unit_arrays) */
     double *s = (double *)((char *)u->dcst + norm_up64((size_t)u->ts * 3 * sizeof(double)));
-    for (int64_t ra = r0; ra < r1; ra += NORM_CL_SEG_ROWS) {
-      const int64_t rb = ra + NORM_CL_SEG_ROWS < r1 ? ra + NORM_CL_SEG_ROWS : r1;
+    const int64_t seg = seg_len(jb, r1 - r0);
+    for (int64_t ra = r0; ra < r1; ra += seg) {
+      const int64_t rb = ra + seg < r1 ? ra + seg : r1;
       seg_sums_rows(jb, u, ra, rb, u->j0, u->nc, s, u->ts);
       for (int64_t j = 0; j < u->nc; j++)
         absorb(jb, u->tot, u->ts, j, ra == r0, &s[j], u->ts, (double)(rb - ra));
@@ -494,7 +499,7 @@ static inline int64_t urows(const norm_job *jb, const norm_unit *u) {
 }
 
 static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
-  return jb->rows_form ? (urows(jb, u) + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS
+  return jb->rows_form ? (urows(jb, u) + seg_len(jb, urows(jb, u)) - 1) / seg_len(jb, urows(jb, u))
                        : (u->i1 - u->i0 + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
 }
 /* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
@@ -506,12 +511,13 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
    it. */
 static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
   const int64_t c = jb->g->c, nseg = nsegments(jb, u), nt = jb->nt, rows = urows(jb, u);
+  const int64_t len = seg_len(jb, rows);
   if (nt <= 1) return c;
   if (nseg >= nt) {
     int64_t most = 0;
     for (int64_t t = 0; t < nt; t++) {
-      const int64_t a = nseg * t / nt * NORM_CL_SEG_ROWS;
-      const int64_t b = nseg * (t + 1) / nt * NORM_CL_SEG_ROWS;
+      const int64_t a = nseg * t / nt * len;
+      const int64_t b = nseg * (t + 1) / nt * len;
       const int64_t r = (b < rows ? b : rows) - a;
       if (r > most) most = r;
     }
@@ -545,11 +551,12 @@ static void split_sums_rows(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const split_arg *sa = arg;
   const int64_t c = jb->g->c, cb = sa->cb, nseg = sa->nseg;
   const int64_t base = urow0(jb, sa->u), end = base + urows(jb, sa->u);
+  const int64_t len = seg_len(jb, end - base);
   for (int64_t it = w0; it < w1; it++) {
     const int64_t seg = it % nseg, j0 = (it / nseg) * cb;
     const int64_t nc = c - j0 < cb ? c - j0 : cb;
-    const int64_t r0 = base + seg * NORM_CL_SEG_ROWS;
-    const int64_t r1 = r0 + NORM_CL_SEG_ROWS < end ? r0 + NORM_CL_SEG_ROWS : end;
+    const int64_t r0 = base + seg * len;
+    const int64_t r1 = r0 + len < end ? r0 + len : end;
     seg_sums_rows(jb, sa->u, r0, r1, j0, nc, &sa->part[seg * 3 * c + j0], c);
   }
 }
@@ -622,10 +629,10 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
         }
     } else {
       norm_parallel_for(jb, nseg * ((c + sa.cb - 1) / sa.cb), split_sums_rows, &sa);
-      const int64_t rows = urows(jb, u);
+      const int64_t rows = urows(jb, u), len = seg_len(jb, rows);
       for (int64_t seg = 0; seg < nseg; seg++) {
-        const int64_t r0 = seg * NORM_CL_SEG_ROWS;
-        const int64_t n = rows - r0 < NORM_CL_SEG_ROWS ? rows - r0 : NORM_CL_SEG_ROWS;
+        const int64_t r0 = seg * len;
+        const int64_t n = rows - r0 < len ? rows - r0 : len;
         for (int64_t j = 0; j < c; j++)
           absorb(jb, u->tot, c, j, seg == 0, &part[seg * 3 * c + j], c, (double)n);
       }
