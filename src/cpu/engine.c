@@ -182,12 +182,12 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
           }
         jb->uk->stats_rows(tptr(jb, jb->x, e), rows, g->c, ncc,
                            first ? NULL : (const void *)&anchor, blk[0], blk[1],
-                           first ? &out[2 * ostride + jc] : NULL);
+                           first ? &out[2 * ostride + jc] : NULL, jb->pf);
         for (int k = 0; k < 2; k++)
           for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
       } else {
         jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
-                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act, blk[0],
+                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act | jb->pf, blk[0],
                               blk[1], blk[2]);
         for (int k = 0; k < 3; k++)
           for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
@@ -359,10 +359,10 @@ static void apply_rows_f(const norm_job *jb, const norm_unit *u, int64_t r0, int
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
-                     g->act | jb->store | flags);
+                     g->act | jb->store | jb->pf | flags);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
-                     g->c, nc, k, u->cs, g->act | jb->store | flags);
+                     g->c, nc, k, u->cs, g->act | jb->store | jb->pf | flags);
 }
 static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
                        int64_t j0, int64_t nc) {
@@ -601,7 +601,7 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   for (int64_t hi = r1; hi > r0;) {
     const int64_t lo = hi - blk > r0 ? hi - blk : r0;
     /* the kernel prefetches the next block down (a whole block of the same size) */
-    apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, lo - blk >= r0 ? BN_PF_BACK : 0);
+    apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, jb->pf && lo - blk >= r0 ? BN_PF_BACK : 0);
     hi = lo;
   }
 }
@@ -780,6 +780,8 @@ void norm_plan_job(norm_job *jb) {
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c)
                                         : g->s * (int64_t)g->esize >= 2048;
   jb->store = whole_lines && norm_nt_store(g->total * (int64_t)g->esize) ? BN_STORE_NT : 0;
+  /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
+  jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */

@@ -33,18 +33,24 @@
 #define NORM_SERIAL_BELOW 32768 /* tensors with fewer values run without a parallel region */
 #define NORM_MAX_UNIT 512      /* channels per BatchNorm unit */
 
+/* A tensor of up to NORM_CACHED_BYTES stays in the threads' caches between two passes over it;
+   a larger one streams from memory.  Measured on Zen 5 with 2 threads (A/B pairs): tensors of
+   12.8 MB behave as cached, tensors of 25.7 MB and more as streamed.  Only speed depends on
+   it, never a result: the segments below depend on the shape alone. */
+#define NORM_CACHED_BYTES ((int64_t)16 << 20)
+
 /* Rows per segment of a channels-last reduction over `rows` rows of row_bytes bytes: segments
-   of NORM_CL_SEG_ROWS rows (the last shorter); but a reduction over up to
-   NORM_CL_EQUAL_SEG_BYTES takes the fewest segments of at most that many rows of equal length (rounded up to a multiple
-   of 4), which share out evenly.  Then each thread reduces whole rows and applies the same rows
-   from its own caches.  Measured on Zen 5 (2 threads, A/B pairs): 32x7x7 layers (1568 rows:
-   segments of 784 instead of 1024 + 544, where the threads split channels instead) backward
-   NHWC 2048 channels 1.34x, 512 channels 1.14x, forward 1.14x; but on tensors of 25 MB and
-   more, which the caches do not hold between the passes, equal segments were 3-8 % slower. */
-#define NORM_CL_EQUAL_SEG_BYTES ((int64_t)16 << 20)
+   of NORM_CL_SEG_ROWS rows (the last shorter); but a reduction over up to NORM_CACHED_BYTES
+   takes the fewest segments of at most that many rows of equal length (rounded up to a
+   multiple of 4), which share out evenly.  Then each thread reduces whole rows and applies the
+   same rows from its own caches.  Measured on Zen 5 (2 threads, A/B pairs): 32x7x7 layers
+   (1568 rows: segments of 784 instead of 1024 + 544, where the threads split channels instead)
+   backward NHWC 2048 channels 1.08-1.34x, 512 channels 0.97-1.14x, forward 1.14x; on
+   tensors of 25 MB and more, which the caches do not hold between the passes, equal segments
+   were 3-8 % slower. */
 static inline int64_t norm_cl_seg_len(int64_t rows, int64_t row_bytes) {
   const int64_t nseg = (rows + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS;
-  if (nseg <= 1 || rows > NORM_CL_EQUAL_SEG_BYTES / (row_bytes > 0 ? row_bytes : 1))
+  if (nseg <= 1 || rows > NORM_CACHED_BYTES / (row_bytes > 0 ? row_bytes : 1))
     return NORM_CL_SEG_ROWS;
   return ((rows + nseg - 1) / nseg + 3) / 4 * 4;
 }
@@ -78,6 +84,8 @@ struct norm_job {
   int64_t unit;    /* channels per unit */
   int fused;       /* units end to end (else BatchNorm's split schedule) */
   int store;       /* BN_STORE_NT when outputs bypass the cache */
+  int pf;          /* BN_PF_AHEAD when the rows kernels should prefetch (a tensor beyond the
+                      caches), else 0 */
   int nsums;       /* SUMS_* */
   int act;         /* the activation the reduction kernels see (the geometry's) */
   int split;       /* the op asks for the split schedule (BatchNorm's wide rows) */

@@ -377,13 +377,13 @@ norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels
         const int64_t n = rows - r0 < br ? rows - r0 : br;
         const char *blk = (const char *)x + (size_t)(r0 * row_stride + j0) * es;
         if (r0 == 0) {
-          uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd);
+          uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd, 0);
           for (int64_t j = 0; j < nc; j++) {
             if (dt == NORMA_F64) k.d[j] = kd[j];
             else k.f[j] = (float)kd[j];
           }
         } else {
-          uk->stats_rows(blk, n, row_stride, nc, &k, b1, b2, NULL);
+          uk->stats_rows(blk, n, row_stride, nc, &k, b1, b2, NULL, 0);
           for (int64_t j = 0; j < nc; j++) t1[j] += b1[j], t2[j] += b2[j];
         }
       }
