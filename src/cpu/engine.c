@@ -499,8 +499,11 @@ static inline int64_t urows(const norm_job *jb, const norm_unit *u) {
 }
 
 static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
-  return jb->rows_form ? (urows(jb, u) + seg_len(jb, urows(jb, u)) - 1) / seg_len(jb, urows(jb, u))
-                       : (u->i1 - u->i0 + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
+  if (jb->rows_form) {
+    const int64_t rows = urows(jb, u), len = seg_len(jb, rows);
+    return (rows + len - 1) / len;
+  }
+  return (u->i1 - u->i0 + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
 }
 /* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
    thread streaming a contiguous range) when the row segments alone share out evenly (the
