@@ -12,6 +12,7 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,8 +97,104 @@ static inline const void *tptr(const norm_job *jb, const void *base, int64_t ele
 static inline void *tptr_w(const norm_job *jb, void *base, int64_t elem) {
   return base ? (char *)base + (size_t)elem * jb->g->esize : NULL;
 }
+/* the constants the kernels take: the forward's as the op set them, the backward's lowered */
+static inline const void *kcst(const norm_job *jb, const norm_unit *u) {
+  return jb->dy ? u->kst : u->cst;
+}
 static inline const void *cst_at(const norm_job *jb, const norm_unit *u, int64_t jrel) {
-  return (const char *)u->cst + (size_t)jrel * jb->cbytes;
+  return (const char *)kcst(jb, u) + (size_t)jrel * jb->cbytes;
+}
+
+/* ---- the backward's kernel constants ---------------------------------------------------- */
+
+/* The ops give x_hat = (v - a) * b + c (c: the rest of a mean that a rounds).  The kernels
+   take xh = v * S + O instead, one fma where x_hat took a subtract and an fma: S = 2^e with e
+   the exponent of b and O = -a * S, both exact, so xh = S * (v - a) with the rounding of
+   v - a alone, and x_hat = rho * xh + c with rho = b / S in [1, 2).  The engine lowers the
+   constants before the kernels run (lower_x, lower_bwd) and turns the kernels' sums over xh
+   into the op's sums over x_hat (convert_sums, in double).  Where b is 0, subnormal, Inf or
+   NaN, or |a| S would leave the compute type's range (mean / std beyond 2^126 in float),
+   S = 1 and rho = b.  rho and c stay in the unit's dcst, in the compute type. */
+
+/* S for the float compute type: the bits of 2^e are b's exponent field alone */
+static inline float lower_scale_f32(float a, float b) {
+  uint32_t ub;
+  memcpy(&ub, &b, sizeof ub);
+  const uint32_t e = (ub >> 23) & 0xffu, us = e - 1u < 254u ? e << 23 : 0x3f800000u;
+  float S;
+  memcpy(&S, &us, sizeof S);
+  return fabsf(a) * S <= 0x1p126f ? S : 1.0f; /* NaN a: 1 */
+}
+static inline double lower_scale_f64(double a, double b) {
+  uint64_t ub;
+  memcpy(&ub, &b, sizeof ub);
+  const uint64_t e = (ub >> 52) & 0x7ffu, us = e - 1u < 2046u ? e << 52 : 0x3ff0000000000000u;
+  double S;
+  memcpy(&S, &us, sizeof S);
+  return fabs(a) * S <= 0x1p1022 ? S : 1.0;
+}
+
+/* One body for both compute types T: plain loops over restrict arrays, which the compiler
+   vectorizes (the per-channel work is a tenth of a [64, 1024] backward). */
+#define LOWER_X(T, SCALE)                                                                      \
+  do {                                                                                         \
+    const T *restrict a = (const T *)u->cst + C_A * cs, *restrict b = (const T *)u->cst + C_B * cs; \
+    const T *restrict c = (const T *)u->cst + C_C * cs;                                        \
+    T *restrict xs = (T *)u->kst + C_XS * cs, *restrict xo = (T *)u->kst + C_XO * cs;          \
+    T *restrict rho = (T *)u->dcst, *restrict cc = (T *)u->dcst + ts;                          \
+    for (int64_t j = 0; j < nc; j++) {                                                         \
+      const T S = SCALE(a[j], b[j]);                                                           \
+      xs[j] = S, xo[j] = -a[j] * S, rho[j] = b[j] / S, cc[j] = c[j];                           \
+    }                                                                                          \
+    if (silu) {                                                                                \
+      const T *restrict zs = (const T *)u->cst + C_ZS * cs;                                    \
+      const T *restrict zb = (const T *)u->cst + C_ZB * cs;                                    \
+      T *restrict kzs = (T *)u->kst + C_ZS * cs, *restrict kzb = (T *)u->kst + C_ZB * cs;      \
+      for (int64_t j = 0; j < nc; j++) kzs[j] = zs[j] * rho[j], kzb[j] = zs[j] * cc[j] + zb[j]; \
+    }                                                                                          \
+  } while (0)
+
+static void lower_x(const norm_job *jb, norm_unit *u) {
+  const int64_t cs = u->cs, ts = u->ts, nc = u->nc;
+  const int silu = jb->act == BN_ACT_SILU;
+  if (jb->cbytes == 4) LOWER_X(float, lower_scale_f32);
+  else LOWER_X(double, lower_scale_f64);
+}
+
+/* dx = da (g - gm) + db x_hat + dd = da (g - gm) + (db rho) xh + (db c + dd) */
+#define LOWER_BWD(T)                                                                           \
+  do {                                                                                         \
+    const T *restrict o = u->cst, *restrict rho = (const T *)u->dcst;                          \
+    const T *restrict cc = (const T *)u->dcst + ts;                                            \
+    T *restrict k = u->kst;                                                                    \
+    for (int64_t j = 0; j < nc; j++) {                                                         \
+      const T db = o[C_DB * cs + j];                                                           \
+      k[C_GM * cs + j] = o[C_GM * cs + j], k[C_DA * cs + j] = o[C_DA * cs + j];                \
+      k[C_DB * cs + j] = db * rho[j], k[C_DD * cs + j] = db * cc[j] + o[C_DD * cs + j];        \
+    }                                                                                          \
+  } while (0)
+
+static void lower_bwd(const norm_job *jb, norm_unit *u) {
+  const int64_t cs = u->cs, ts = u->ts, nc = u->nc;
+  if (jb->cbytes == 4) LOWER_BWD(float);
+  else LOWER_BWD(double);
+}
+
+/* the kernels' sums {g, g xh, xh} over cnt values per channel -> {g, g x_hat, x_hat} */
+#define CONVERT_SUMS(T)                                                                        \
+  do {                                                                                         \
+    const T *restrict rho = (const T *)u->dcst, *restrict cc = (const T *)u->dcst + ts;        \
+    for (int64_t j = 0; j < nc; j++) {                                                         \
+      t[ts + j] = (double)rho[j] * t[ts + j] + (double)cc[j] * t[j];                           \
+      t[2 * ts + j] = (double)rho[j] * t[2 * ts + j] + (double)cc[j] * cnt;                    \
+    }                                                                                          \
+  } while (0)
+
+static void convert_sums(const norm_job *jb, norm_unit *u, double cnt) {
+  const int64_t ts = u->ts, nc = u->nc;
+  double *restrict t = u->tot;
+  if (jb->cbytes == 4) CONVERT_SUMS(float);
+  else CONVERT_SUMS(double);
 }
 
 /* Channels-first segments of a channel: a run (one sample's s values) is cut into chunks of at
@@ -276,7 +373,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
     double *s = (double *)((char *)u->dcst + norm_up64((size_t)u->ts * 3 * sizeof(double)));
     const int64_t e = (u->i0 * g->c + u->j0) * g->s;
     jb->uk->bwd_sums_run(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), g->s, u->nc,
-                         g->s, u->cst, u->cs, jb->act | BN_RUN_CHANS, s);
+                         g->s, kcst(jb, u), u->cs, jb->act | BN_RUN_CHANS, s);
     for (int64_t j = 0; j < u->nc; j++) absorb(jb, u->tot, u->ts, j, 1, &s[3 * j], 1, (double)g->s);
   } else {
     const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
@@ -293,11 +390,13 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
   }
   if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
     unit_merge_groups(jb, u, (double)g->s);
+  if (jb->nsums == SUMS_BWD) convert_sums(jb, u, (double)((u->i1 - u->i0) * g->s));
 }
 
 void norm_unit_xhat_sums(const norm_job *jb, norm_unit *u) {
   norm_job t = *jb; /* a copy: other threads run other units of jb meanwhile */
   t.nsums = SUMS_BWD, t.act = BN_ACT_NONE, t.dy = t.x, t.y = NULL;
+  lower_x(&t, u);
   unit_reduce(&t, u);
 }
 
@@ -424,7 +523,8 @@ void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
 /* the arrays of a unit of up to w channels: tot, dcst, a segment buffer [3][w], and the
    constants [C_COUNT][w] */
 static size_t unit_bytes(const norm_job *jb, int64_t w) {
-  return 3 * norm_up64((size_t)w * 3 * sizeof(double)) + norm_up64((size_t)w * C_COUNT * jb->cbytes);
+  return 3 * norm_up64((size_t)w * 3 * sizeof(double)) +
+         2 * norm_up64((size_t)w * C_COUNT * jb->cbytes);
 }
 static void unit_arrays(const norm_job *jb, norm_unit *u, char *m, int64_t w) {
   const size_t db = norm_up64((size_t)w * 3 * sizeof(double));
@@ -433,6 +533,7 @@ static void unit_arrays(const norm_job *jb, norm_unit *u, char *m, int64_t w) {
   u->ts = w;
   u->dcst = (double *)(m + db);
   u->cst = m + 3 * db; /* after the segment buffer, which unit_reduce finds after dcst */
+  u->kst = m + 3 * db + norm_up64((size_t)w * C_COUNT * jb->cbytes);
   u->cs = w;
   u->slow = 0;
 }
@@ -468,9 +569,12 @@ static void fused_units(norm_job *jb, int64_t b0, int64_t b1, void *arg) {
     unit_of(jb, b, &u);
     u.slow = 0;
     if (jb->prepare) jb->prepare(jb, &u);
+    if (jb->dy) lower_x(jb, &u);
     if (jb->nsums) unit_reduce(jb, &u);
     jb->finalize(jb, &u);
-    if (jb->apply) unit_apply(jb, &u);
+    if (!jb->apply) continue;
+    if (jb->dy) lower_bwd(jb, &u);
+    unit_apply(jb, &u);
   }
 }
 
@@ -619,6 +723,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
   split_arg sa = {part, u, nseg, jb->rows_form ? split_cblock(jb, u) : c};
   u->slow = 0;
   if (jb->prepare) jb->prepare(jb, u);
+  if (jb->dy) lower_x(jb, u);
   if (jb->nsums) {
     for (int64_t j = 0; j < 3 * c; j++) u->tot[j] = 0.0;
     if (!jb->rows_form) {
@@ -642,9 +747,11 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
     }
     if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
       unit_merge_groups(jb, u, (double)g->s);
+    if (jb->nsums == SUMS_BWD) convert_sums(jb, u, (double)((u->i1 - u->i0) * g->s));
   }
   jb->finalize(jb, u);
   if (!jb->apply) return;
+  if (jb->dy) lower_bwd(jb, u);
   if (u->slow && !jb->dy) norm_parallel_for(jb, 1, split_apply_slow, &sa);
   else if (!jb->rows_form)
     norm_parallel_for(jb, (u->i1 - u->i0) * c * cf_chunks(jb), split_apply_cf, &sa);
@@ -795,7 +902,7 @@ norma_status norm_run_job(norm_job *jb) {
   /* everything the call needs, allocated here before anything is written: the units' arrays
      (one set per thread, or the global unit of the split schedule), the split partials, and
      per_nc */
-  norm_unit whole = {0, g->per_sample ? 1 : g->n, 0, g->c, NULL, 0, NULL, 0, NULL, 0};
+  norm_unit whole = {.i1 = g->per_sample ? 1 : g->n, .nc = g->c};
   const size_t units = jb->fused ? (size_t)jb->nt * unit_bytes(jb, jb->unit) : unit_bytes(jb, g->c);
   const size_t part = (!jb->fused && jb->nsums)
                           ? (size_t)nsegments(jb, &whole) * (size_t)g->c * 3 * sizeof(double) : 0;

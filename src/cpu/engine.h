@@ -69,8 +69,11 @@ typedef struct norm_unit {
   int64_t ts;
   void *cst;        /* [C_COUNT][cs] constants of the kernels, in the compute type */
   int64_t cs;
-  double *dcst;     /* [3][ts] forward constants in double (mhi, scale, shift), for `slow` */
+  double *dcst;     /* [3][ts] forward constants in double (mhi, scale, shift), for `slow`;
+                       the backward keeps x_hat's rho and c there (engine.c, lower_x) */
   int slow;         /* a channel's constants overflow the compute type: apply in double */
+  void *kst;        /* [C_COUNT][cs] the backward kernels' constants (ukernels.h: C_XS ...),
+                       lowered by the engine from cst */
 } norm_unit;
 
 typedef void (*norm_unit_fn)(norm_job *jb, norm_unit *u);

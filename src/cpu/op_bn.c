@@ -210,6 +210,7 @@ static void repeat_columns(const norm_job *jb, norm_unit *u, int64_t c) {
     char *row = (char *)u->cst + (size_t)k * (size_t)u->cs * cb;
     for (int64_t t = c; t < u->nc; t += c) memcpy(row + (size_t)t * cb, row, (size_t)c * cb);
   }
+  if (jb->dy) return; /* the backward's dcst is the engine's, set for every column */
   for (int k = 0; k < 3; k++)
     for (int64_t t = c; t < u->nc; t += c)
       memcpy(&u->dcst[k * u->ts + t], &u->dcst[k * u->ts], (size_t)c * sizeof(double));

@@ -62,10 +62,16 @@
 enum {
   /* forward apply: y = act((x - C_MHI) * C_SCALE + C_SHIFT) */
   C_MHI = 0, C_SCALE = 1, C_SHIFT = 2,
-  /* backward: xh = (v - C_A) * C_B + C_C;  dx = C_DA * (g - C_GM) + C_DB * xh + C_DD;
-     with SiLU, g = dy * silu'(z), z = xh * C_ZS + C_ZB (gamma and beta) */
+  /* backward, as the ops give them (engine.h): x_hat = (v - C_A) * C_B + C_C;
+     dx = C_DA * (g - C_GM) + C_DB * x_hat + C_DD; with SiLU, g = dy * silu'(z),
+     z = x_hat * C_ZS + C_ZB (gamma and beta) */
   C_A = 0, C_B = 1, C_C = 2, C_GM = 3, C_DA = 4, C_DB = 5, C_DD = 6, C_ZS = 7, C_ZB = 8,
-  C_COUNT = 9
+  C_COUNT = 9,
+  /* the backward kernels take the engine's lowered form of them (engine.c, lower_x): their
+     xh = v * C_XS + C_XO, one fma, where C_XS is a power of two (so xh = C_XS * (v - a)
+     exactly, and the rest of x_hat's scale and its offset move into the other constants and
+     the sums); dx = C_DA * (g - C_GM) + C_DB * xh + C_DD; z = xh * C_ZS + C_ZB */
+  C_XS = 0, C_XO = 1
 };
 /* indices of the scalar constants of the affine (per-element gamma) kernels */
 enum {
@@ -90,8 +96,8 @@ typedef struct bn_ukernels {
                   int64_t stride, const void *cst, int64_t cs, int act);
   void (*fwd_rows)(const void *x, const void *res, void *y, int64_t rows, int64_t ld,
                    int64_t nc, const void *cst, int64_t cs, int act);
-  /* g = dy masked by y > 0 (RELU, ADD_RELU) or times silu'(z) (SILU), xh = (v - a) * b + c:
-     out = {sum g, sum g*xh, sum xh} */
+  /* g = dy masked by y > 0 (RELU, ADD_RELU) or times silu'(z) (SILU), xh = v * xs + xo (the
+     lowered constants above): out = {sum g, sum g*xh, sum xh} */
   void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len, int64_t nruns,
                        int64_t stride, const void *cst, int64_t cs, int act, double out[3]);
   void (*bwd_sums_rows)(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
