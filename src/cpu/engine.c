@@ -180,13 +180,15 @@ static void lower_bwd(const norm_job *jb, norm_unit *u) {
   else LOWER_BWD(double);
 }
 
-/* the kernels' sums {g, g xh, xh} over cnt values per channel -> {g, g x_hat, x_hat} */
+/* the kernels' sums {g, g xh, xh} over cnt values per channel -> {g, g x_hat, x_hat}; c == 0
+   adds nothing (not 0 * Inf: an infinite sum of g keeps its sign in the sum of g x_hat) */
 #define CONVERT_SUMS(T)                                                                        \
   do {                                                                                         \
     const T *restrict rho = (const T *)u->dcst, *restrict cc = (const T *)u->dcst + ts;        \
     for (int64_t j = 0; j < nc; j++) {                                                         \
-      t[ts + j] = (double)rho[j] * t[ts + j] + (double)cc[j] * t[j];                           \
-      t[2 * ts + j] = (double)rho[j] * t[2 * ts + j] + (double)cc[j] * cnt;                    \
+      const double c = (double)cc[j];                                                          \
+      t[ts + j] = (double)rho[j] * t[ts + j] + (c != 0.0 ? c * t[j] : 0.0);                    \
+      t[2 * ts + j] = (double)rho[j] * t[2 * ts + j] + c * cnt;                                \
     }                                                                                          \
   } while (0)
 
@@ -520,8 +522,8 @@ void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
 
 /* ---- units ------------------------------------------------------------------------------ */
 
-/* the arrays of a unit of up to w channels: tot, dcst, a segment buffer [3][w], and the
-   constants [C_COUNT][w] */
+/* the arrays of a unit of up to w channels: tot, dcst, a segment buffer [3][w], the op's
+   constants [C_COUNT][w] and the backward kernels' (kst) */
 static size_t unit_bytes(const norm_job *jb, int64_t w) {
   return 3 * norm_up64((size_t)w * 3 * sizeof(double)) +
          2 * norm_up64((size_t)w * C_COUNT * jb->cbytes);
