@@ -453,21 +453,21 @@ static void apply_cf_chans(const norm_job *jb, const norm_unit *u, int64_t ch, i
 }
 
 static void apply_rows_f(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
-                         int64_t j0, int64_t nc, int flags) {
+                         int64_t j0, int64_t nc, int pf) {
   const norm_geom *g = jb->g;
   const int64_t e = r0 * g->c + j0;
   const void *k = cst_at(jb, u, j0 - u->j0);
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
-                     g->act | jb->store | jb->pf | flags);
+                     g->act | jb->store | pf);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
-                     g->c, nc, k, u->cs, g->act | jb->store | jb->pf | flags);
+                     g->c, nc, k, u->cs, g->act | jb->store | pf);
 }
 static void apply_rows(const norm_job *jb, const norm_unit *u, int64_t r0, int64_t r1,
                        int64_t j0, int64_t nc) {
-  apply_rows_f(jb, u, r0, r1, j0, nc, 0);
+  apply_rows_f(jb, u, r0, r1, j0, nc, jb->pf);
 }
 
 static void unit_apply(const norm_job *jb, const norm_unit *u) {
@@ -710,7 +710,8 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   for (int64_t hi = r1; hi > r0;) {
     const int64_t lo = hi - blk > r0 ? hi - blk : r0;
     /* the kernel prefetches the next block down (a whole block of the same size) */
-    apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, jb->pf && lo - blk >= r0 ? BN_PF_BACK : 0);
+    const int pf = jb->pf && lo - blk >= r0 ? BN_PF_BACK : 0;
+    apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, pf);
     hi = lo;
   }
 }
