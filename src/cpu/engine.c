@@ -29,14 +29,13 @@ static inline int omp_get_thread_num(void) { return 0; }
 static inline int omp_get_num_threads(void) { return 1; }
 #endif
 
-/* rows per micro-kernel call in channels-last reductions.  The statistics take blocks of about
-   128 KiB (a segment's first block is read twice while in L2, to set the anchors; the later
-   ones once, around them; a larger block spreads the per-channel work of a call over more
-   values), a power of two in [64, 256]: each channel adds its rows in one f32 lane, so more
-   rows would cost accuracy.  The backward's sums, which have no per-block work, take 64.
-   Shape alone decides it. */
-static inline int64_t block_rows(int stats, int64_t c, size_t esize) {
-  if (!stats) return 64;
+/* rows per micro-kernel call in the channels-last statistics: blocks of about 128 KiB (a
+   segment's first block is read twice while in L2, to set the anchors; the later ones once,
+   around them; a larger block spreads the per-channel work of a call over more values), a
+   power of two in [64, 256]: each channel adds its rows in one f32 lane, so more rows would
+   cost accuracy.  (The backward's sums take a segment per call, in blocks of
+   BN_SUMS_BLOCK_ROWS inside the kernel.)  Shape alone decides it. */
+static inline int64_t block_rows(int64_t c, size_t esize) {
   const int64_t target = (int64_t)(128 * 1024) / (c * (int64_t)esize);
   int64_t b = 64;
   while (b < 256 && 2 * b <= target) b *= 2;
@@ -264,33 +263,39 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
   static _Thread_local union { float f[NORM_ROWS_CHUNK]; double d[NORM_ROWS_CHUNK]; } anchor;
   for (int k = 0; k < 3; k++)
     for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
-  /* row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is read in order;
-     a channel still sees its blocks in order, whatever the loop nest */
-  const int64_t br = block_rows(jb->nsums == SUMS_STATS, g->c, g->esize);
+  if (jb->nsums != SUMS_STATS) {
+    /* the backward's sums: one call per chunk of channels for all the rows (the kernel keeps
+       them in the compute type over blocks of BN_SUMS_BLOCK_ROWS rows, in double beyond) */
+    for (int64_t jc = 0; jc < nc; jc += NORM_ROWS_CHUNK) {
+      const int64_t ncc = nc - jc < NORM_ROWS_CHUNK ? nc - jc : NORM_ROWS_CHUNK, ja = j0 + jc;
+      const int64_t e = r0 * g->c + ja;
+      jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), r1 - r0,
+                            g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act | jb->pf, blk[0],
+                            blk[1], blk[2]);
+      for (int k = 0; k < 3; k++)
+        for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
+    }
+    return;
+  }
+  /* statistics: row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is
+     read in order; a channel still sees its blocks in order, whatever the loop nest */
+  const int64_t br = block_rows(g->c, g->esize);
   for (int64_t r = r0; r < r1; r += br) {
     const int64_t rows = r1 - r < br ? r1 - r : br;
     for (int64_t jc = 0; jc < nc; jc += NORM_ROWS_CHUNK) {
       const int64_t ncc = nc - jc < NORM_ROWS_CHUNK ? nc - jc : NORM_ROWS_CHUNK, ja = j0 + jc;
       const int64_t e = r * g->c + ja;
-      if (jb->nsums == SUMS_STATS) {
-        const int first = r == r0;
-        if (!first) /* the segment's anchors, in the compute type (exact: they came from it) */
-          for (int64_t j = 0; j < ncc; j++) {
-            if (jb->cbytes == 8) anchor.d[j] = out[2 * ostride + jc + j];
-            else anchor.f[j] = (float)out[2 * ostride + jc + j];
-          }
-        jb->uk->stats_rows(tptr(jb, jb->x, e), rows, g->c, ncc,
-                           first ? NULL : (const void *)&anchor, blk[0], blk[1],
-                           first ? &out[2 * ostride + jc] : NULL, jb->pf);
-        for (int k = 0; k < 2; k++)
-          for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
-      } else {
-        jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), rows,
-                              g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act | jb->pf, blk[0],
-                              blk[1], blk[2]);
-        for (int k = 0; k < 3; k++)
-          for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
-      }
+      const int first = r == r0;
+      if (!first) /* the segment's anchors, in the compute type (exact: they came from it) */
+        for (int64_t j = 0; j < ncc; j++) {
+          if (jb->cbytes == 8) anchor.d[j] = out[2 * ostride + jc + j];
+          else anchor.f[j] = (float)out[2 * ostride + jc + j];
+        }
+      jb->uk->stats_rows(tptr(jb, jb->x, e), rows, g->c, ncc,
+                         first ? NULL : (const void *)&anchor, blk[0], blk[1],
+                         first ? &out[2 * ostride + jc] : NULL, jb->pf);
+      for (int k = 0; k < 2; k++)
+        for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
     }
   }
 }

@@ -55,6 +55,8 @@
    tensors the caches hold, prefetching cost 1.2-1.4x (Zen 5, AVX-512 and AVX2 alike). */
 #define BN_PF_AHEAD 0x800
 #define BN_ACT_MASK 0xff
+/* rows over which bwd_sums_rows keeps a sum in the compute type before it goes to double */
+#define BN_SUMS_BLOCK_ROWS 64
 /* activations: the `act` argument takes BN_ACT_* (internal.h; the values of geom.h's
    NORM_ACT_*) */
 
@@ -100,6 +102,9 @@ typedef struct bn_ukernels {
      lowered constants above): out = {sum g, sum g*xh, sum xh} */
   void (*bwd_sums_run)(const void *v, const void *y, const void *dy, int64_t len, int64_t nruns,
                        int64_t stride, const void *cst, int64_t cs, int act, double out[3]);
+  /* the same sums per channel of a channels-last block: kept in the compute type over each
+     BN_SUMS_BLOCK_ROWS rows from the first, and those blocks' sums added in double in row
+     order into o1, o2, o3 (written, not added to) */
   void (*bwd_sums_rows)(const void *v, const void *y, const void *dy, int64_t rows, int64_t ld,
                         int64_t nc, const void *cst, int64_t cs, int act, double *o1,
                         double *o2, double *o3);
