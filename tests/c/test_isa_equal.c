@@ -134,7 +134,7 @@ int main(void) {
     return 77;
   }
   const norma_dtype dts[] = {NORMA_F32, NORMA_F16, NORMA_BF16};
-  const int64_t cs[] = {1, 3, 8, 15, 16, 17, 33, 64, 1000};
+  const int64_t cs[] = {1, 3, 8, 15, 16, 17, 33, 64, 129, 250, 1000};
   const int64_t ss[] = {1, 7, 15, 16, 17, 49, 97};
   char what[256];
   uint64_t seed = 1;

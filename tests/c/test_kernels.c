@@ -331,6 +331,11 @@ int main(void) {
   shapes[ns++] = (shape){1, 3, 8193};
   shapes[ns++] = (shape){2, 2, 4097};
   shapes[ns++] = (shape){4097, 5, 1};
+  /* channels-last rows in the AVX-512 strips (up to 256 elements, four vectors per strip):
+     whole strips, a partial last strip and vector, several 64-row blocks with a tail */
+  shapes[ns++] = (shape){2, 129, 49};
+  shapes[ns++] = (shape){1, 250, 130};
+  shapes[ns++] = (shape){2, 256, 33};
 
   /* How much of dtype x layout x variant runs on a shape, by its element count:
        <= small: every dtype x layout x variant;
