@@ -13,9 +13,10 @@
  * affine) are the ops; engine.c is the scheduler; ukernels*.c are the kernels.
  *
  * Determinism: a reduction is cut into segments fixed by the shape alone (channels-first: runs
- * of up to NORM_CF_CHUNK values; channels-last: norm_cl_seg_len(rows) rows in blocks of
- * block_rows()); each segment is computed by a fixed sequence of kernel calls and the segments
- * are combined in index order.  Which thread computes what never changes a bit.
+ * of up to NORM_CF_CHUNK values; channels-last: norm_cl_seg_len(rows) rows, in blocks of
+ * block_rows() for the statistics and of BN_SUMS_BLOCK_ROWS inside the backward's sums kernel);
+ * each segment is computed by a fixed sequence of kernel calls and the segments are combined
+ * in index order.  Which thread computes what never changes a bit.
  */
 #ifndef NORMA_ENGINE_H
 #define NORMA_ENGINE_H
