@@ -794,6 +794,8 @@ int norm_nt_store(int64_t bytes) {
   return bytes >= (lo < 0 ? dflt : lo) && bytes <= hi;
 }
 
+int norm_nt_runs(int64_t run_bytes) { return run_bytes % 64 == 0 || run_bytes >= 2048; }
+
 int64_t norm_unit_budget(void) {
   static int64_t v = 0;
   if (!v) v = env_bytes("NORMA_UNIT_BUDGET", norma__l2_bytes() / 2);
@@ -894,8 +896,10 @@ void norm_plan_job(norm_job *jb) {
     if (!jb->fused) jb->unit = g->c;
   }
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
-     whole lines: long channels-first runs, or whole rows in channels-last */
-  const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c)
+     whole lines: long channels-first runs, or whole rows (of whole lines, or long) in
+     channels-last */
+  const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c) &&
+                                              norm_nt_runs(g->c * (int64_t)g->esize)
                                         : g->s * (int64_t)g->esize >= 2048;
   jb->store = whole_lines && norm_nt_store(g->total * (int64_t)g->esize) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */

@@ -117,6 +117,13 @@ int64_t norm_unit_budget(void);
    least 8 MiB (or NORMA_NT_MIN_BYTES, a tuning knob, docs/performance.md), within the range
    norma_set_streaming_stores set. */
 int norm_nt_store(int64_t bytes);
+/* Whether the kernels' streaming stores fill whole cache lines when each writes runs of
+   run_bytes contiguous bytes (a vector tail at the end of each run): runs of whole lines
+   (then no run has a tail), or runs of at least 2 KiB.  A line that takes both a streaming
+   store and an ordinary (masked tail) store bounces between the write-combining buffers and
+   the cache: channels-last BatchNorm with 24 channels (96-byte rows) ran 16x slower with
+   streaming stores, LayerNorm with D = 100 5.6x slower (docs/performance.md). */
+int norm_nt_runs(int64_t run_bytes);
 
 /* ---- helpers for the ops' finalize callbacks -------------------------------------------- */
 

@@ -279,3 +279,23 @@ def test_streaming_store_range():
         assert out[-1] == "0"
     finally:
         norma.set_streaming_stores(0)
+
+
+@pytest.mark.parametrize("c,dtype,streams", [
+    (24, np.float32, 0), (100, np.float32, 0), (40, np.float32, 0), (24, np.float16, 0),
+    (16, np.float32, 1), (48, np.float32, 1), (64, np.float32, 1), (520, np.float32, 1),
+    (32, np.float16, 1), (1100, np.float16, 1)])
+def test_streaming_stores_fill_whole_lines(c, dtype, streams):
+    """Channels-last rows that end inside a cache line (C * itemsize not a multiple of 64 and
+    under 2 KiB) are written through the cache: a streaming store and the row tail's ordinary
+    store to the same line made such tensors up to 16x slower (docs/performance.md)."""
+    x = np.zeros((2, 4, (1 << 21) // (8 * c) + 1, c), dtype)   # NHWC, over 1 MiB
+    try:
+        norma.set_streaming_stores(1 << 20)
+        for op in ("forward_training", "inference", "backward"):
+            assert norma.query_plan(x, op, layout="nhwc")["streaming_stores"] == streams, op
+        # channels-first runs are unaffected: the same bytes in NCHW stream
+        y = np.zeros((2, c, 1, (1 << 21) // (2 * c) + 512), dtype)
+        assert norma.query_plan(y, "inference", layout="nchw")["streaming_stores"] == 1
+    finally:
+        norma.set_streaming_stores(0)
