@@ -234,6 +234,9 @@ int main(void) {
      segments, whole rows at 1 and 2 threads, blocks of channels at 3 and 4 */
   for (int t = 0; t < 4; t++)
     det_case(8, 300, 196, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 99 + t, 3e4);
+  /* few rows of many channels: inference in units of channels, one per thread */
+  for (int t = 0; t < 4; t++)
+    det_case(4, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);
   test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
   for (int op = 0; op < 3; op++) {
