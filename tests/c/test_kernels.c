@@ -395,6 +395,23 @@ int main(void) {
       run_case(n, c, s, lay, dt, k % 3, 1e-5, k % 2 == 0, seed * 7919, 1);
     }
   }
+  /* every output written with streaming stores (norma_set_streaming_stores from 1 byte): the
+     channels-last rows that end inside a line take the wide view (k rows of whole lines) or,
+     where the rows do not divide, ordinary stores; whole-line and long rows stream */
+  {
+    static const shape nt_shapes[] = {{2, 24, 49}, {3, 100, 16}, {2, 17, 64}, {2, 300, 8},
+                                      {2, 72, 7},  {1, 24, 7},   {2, 48, 9},  {1, 530, 5}};
+    TU_CHECK(norma_set_streaming_stores(1, INT64_MAX) == NORMA_OK, "set_streaming_stores");
+    for (size_t i = 0; i < sizeof nt_shapes / sizeof nt_shapes[0]; i++)
+      for (int k = 0; k < 8; k++) {
+        if (quick && k % 3 != 1) continue;
+        const shape sh = nt_shapes[i];
+        seed++;
+        run_case(sh.n, sh.c, sh.s, (norma_layout)(k % 2), (norma_dtype)(k / 2),
+                 (int)((i + k) % NVARIANTS), 1e-5, (int)(i + k) % 3 == 1, seed * 7919, 0);
+      }
+    TU_CHECK(norma_set_streaming_stores(0, INT64_MAX) == NORMA_OK, "set_streaming_stores");
+  }
   /* every dtype x layout x variant must have run */
   int missing = 0;
   for (int dt = 0; dt < 4; dt++)

@@ -281,15 +281,18 @@ def test_streaming_store_range():
         norma.set_streaming_stores(0)
 
 
-@pytest.mark.parametrize("c,dtype,streams", [
-    (24, np.float32, 0), (100, np.float32, 0), (40, np.float32, 0), (24, np.float16, 0),
-    (16, np.float32, 1), (48, np.float32, 1), (64, np.float32, 1), (520, np.float32, 1),
-    (32, np.float16, 1), (1100, np.float16, 1)])
-def test_streaming_stores_fill_whole_lines(c, dtype, streams):
-    """Channels-last rows that end inside a cache line (C * itemsize not a multiple of 64 and
-    under 2 KiB) are written through the cache: a streaming store and the row tail's ordinary
-    store to the same line made such tensors up to 16x slower (docs/performance.md)."""
-    x = np.zeros((2, 4, (1 << 21) // (8 * c) + 1, c), dtype)   # NHWC, over 1 MiB
+@pytest.mark.parametrize("c,dtype,rows,streams", [
+    (24, np.float32, 20000, 1), (24, np.float32, 20001, 0), (100, np.float32, 4000, 1),
+    (100, np.float32, 4002, 0), (40, np.float16, 20000, 1), (40, np.float16, 20002, 0),
+    (16, np.float32, 20001, 1), (48, np.float32, 10001, 1), (64, np.float32, 5001, 1),
+    (520, np.float32, 1001, 1), (32, np.float16, 20001, 1), (1100, np.float16, 1001, 1)])
+def test_streaming_stores_fill_whole_lines(c, dtype, rows, streams):
+    """Streaming stores write whole cache lines only: a streaming store and an ordinary (row
+    tail) store to the same line made channels-last tensors up to 16x slower
+    (docs/performance.md).  Rows of whole lines or of 2 KiB and more stream; shorter rows that
+    end inside a line stream through the wide view (k rows of whole lines) when k divides the
+    rows, else they are written through the cache."""
+    x = np.zeros((1, 1, rows, c), dtype)     # NHWC, over 1 MiB
     try:
         norma.set_streaming_stores(1 << 20)
         for op in ("forward_training", "inference", "backward"):
