@@ -234,9 +234,13 @@ int main(void) {
      segments, whole rows at 1 and 2 threads, blocks of channels at 3 and 4 */
   for (int t = 0; t < 4; t++)
     det_case(8, 300, 196, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 99 + t, 3e4);
+  /* channels-first runs of 2 values: the blocked wide view */
+  for (int t = 0; t < 4; t++)
+    det_case(128, 600, 2, NORMA_CHANNELS_FIRST, (norma_dtype)t, t == 1 ? NORMA_BN_ADD_RELU : 0,
+             55 + t, 0.0);
   /* few rows of many channels: inference in units of channels, one per thread */
   for (int t = 0; t < 4; t++)
-    det_case(4, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);
+    det_case(16, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);
   test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
   for (int op = 0; op < 3; op++) {

@@ -336,8 +336,11 @@ int main(void) {
   shapes[ns++] = (shape){2, 129, 49};
   shapes[ns++] = (shape){1, 250, 130};
   shapes[ns++] = (shape){2, 256, 33};
+  /* channels-first runs of 2 values: the blocked wide view ([N][C S] rows) */
+  shapes[ns++] = (shape){3, 17, 2};
+  shapes[ns++] = (shape){40, 1000, 2};
   /* few rows of many channels: inference in units of channels, one per thread */
-  shapes[ns++] = (shape){5, 8200, 1};
+  shapes[ns++] = (shape){17, 8200, 1};
 
   /* How much of dtype x layout x variant runs on a shape, by its element count:
        <= small: every dtype x layout x variant;
