@@ -224,6 +224,17 @@ static void narrow(const norm_job *jb, const norm_unit *u, norm_job *j, norm_uni
   *v = *u, v->nc = w->g->c;
 }
 
+/* blocked: channel ch's value (index ch) onto its columns ch * rep .. ch * rep + rep - 1,
+   backwards, so that each channel is read before its columns overwrite it */
+static void expand_f32(float *v, int64_t c, int64_t rep) {
+  for (int64_t ch = c - 1; ch >= 0; ch--)
+    for (int64_t q = rep - 1; q >= 0; q--) v[ch * rep + q] = v[ch];
+}
+static void expand_f64(double *v, int64_t c, int64_t rep) {
+  for (int64_t ch = c - 1; ch >= 0; ch--)
+    for (int64_t q = rep - 1; q >= 0; q--) v[ch * rep + q] = v[ch];
+}
+
 /* the first C columns' constants (channel order) onto every column */
 static void repeat_columns(const norm_job *jb, norm_unit *u) {
   const wide_ctx *w = jb->ctx;
@@ -231,23 +242,15 @@ static void repeat_columns(const norm_job *jb, norm_unit *u) {
   const size_t cb = jb->cbytes;
   for (int k = 0; k < C_COUNT; k++) {
     char *row = (char *)u->cst + (size_t)k * (size_t)u->cs * cb;
-    if (rep && cb == 4) { /* blocked: backwards, so channel ch is read before its columns */
-      float *f = (float *)row;
-      for (int64_t ch = c - 1; ch >= 0; ch--)
-        for (int64_t q = rep - 1; q >= 0; q--) f[ch * rep + q] = f[ch];
-    } else if (rep) {
-      double *d = (double *)row;
-      for (int64_t ch = c - 1; ch >= 0; ch--)
-        for (int64_t q = rep - 1; q >= 0; q--) d[ch * rep + q] = d[ch];
-    } else
+    if (rep && cb == 4) expand_f32((float *)row, c, rep);
+    else if (rep) expand_f64((double *)row, c, rep);
+    else
       for (int64_t t = c; t < u->nc; t += c) memcpy(row + (size_t)t * cb, row, (size_t)c * cb);
   }
   if (jb->dy) return; /* the backward's dcst is the engine's, set for every column */
   for (int k = 0; k < 3; k++) {
     double *d = &u->dcst[k * u->ts];
-    if (rep)
-      for (int64_t ch = c - 1; ch >= 0; ch--)
-        for (int64_t q = rep - 1; q >= 0; q--) d[ch * rep + q] = d[ch];
+    if (rep) expand_f64(d, c, rep);
     else
       for (int64_t t = c; t < u->nc; t += c) memcpy(&d[t], d, (size_t)c * sizeof(double));
   }
