@@ -260,7 +260,6 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
                           int64_t j0, int64_t nc, double *out, int64_t ostride) {
   const norm_geom *g = jb->g;
   static _Thread_local double blk[3][NORM_ROWS_CHUNK];
-  static _Thread_local union { float f[NORM_ROWS_CHUNK]; double d[NORM_ROWS_CHUNK]; } anchor;
   for (int k = 0; k < 3; k++)
     for (int64_t j = 0; j < nc; j++) out[k * ostride + j] = 0.0;
   if (jb->nsums != SUMS_STATS) {
@@ -278,24 +277,17 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
     return;
   }
   /* statistics: row blocks outer, whole rows (up to ROWS_CHUNK channels) inner: memory is
-     read in order; a channel still sees its blocks in order, whatever the loop nest */
+     read in order; a channel still sees its blocks in order, whatever the loop nest.  The
+     first block writes the segment's anchors (out[2]), the later ones sum around them. */
   const int64_t br = block_rows(g->c, g->esize);
   for (int64_t r = r0; r < r1; r += br) {
     const int64_t rows = r1 - r < br ? r1 - r : br;
     for (int64_t jc = 0; jc < nc; jc += NORM_ROWS_CHUNK) {
       const int64_t ncc = nc - jc < NORM_ROWS_CHUNK ? nc - jc : NORM_ROWS_CHUNK, ja = j0 + jc;
-      const int64_t e = r * g->c + ja;
       const int first = r == r0;
-      if (!first) /* the segment's anchors, in the compute type (exact: they came from it) */
-        for (int64_t j = 0; j < ncc; j++) {
-          if (jb->cbytes == 8) anchor.d[j] = out[2 * ostride + jc + j];
-          else anchor.f[j] = (float)out[2 * ostride + jc + j];
-        }
-      jb->uk->stats_rows(tptr(jb, jb->x, e), rows, g->c, ncc,
-                         first ? NULL : (const void *)&anchor, blk[0], blk[1],
+      jb->uk->stats_rows(tptr(jb, jb->x, r * g->c + ja), rows, g->c, ncc,
+                         first ? NULL : &out[2 * ostride + jc], &out[jc], &out[ostride + jc],
                          first ? &out[2 * ostride + jc] : NULL, jb->pf);
-      for (int k = 0; k < 2; k++)
-        for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
     }
   }
 }

@@ -495,25 +495,17 @@ norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels
     /* rows of adjacent channels: blocks of rows (the engine's block_rows rule for the
        statistics), anchored at the first block's anchors */
     enum { RC = NORM_ROWS_CHUNK };
-    static _Thread_local double t1[RC], t2[RC], b1[RC], b2[RC], kd[RC];
-    static _Thread_local union { float f[RC]; double d[RC]; } k;
+    static _Thread_local double t1[RC], t2[RC], kd[RC];
     int64_t br = 64;
     while (br < 256 && 2 * br <= (int64_t)(128 * 1024) / (channels * (int64_t)es)) br *= 2;
     for (int64_t j0 = 0; j0 < channels; j0 += RC) {
       const int64_t nc = channels - j0 < RC ? channels - j0 : RC;
+      for (int64_t j = 0; j < nc; j++) t1[j] = t2[j] = 0.0;
       for (int64_t r0 = 0; r0 < rows; r0 += br) {
         const int64_t n = rows - r0 < br ? rows - r0 : br;
         const char *blk = (const char *)x + (size_t)(r0 * row_stride + j0) * es;
-        if (r0 == 0) {
-          uk->stats_rows(blk, n, row_stride, nc, NULL, t1, t2, kd, 0);
-          for (int64_t j = 0; j < nc; j++) {
-            if (dt == NORMA_F64) k.d[j] = kd[j];
-            else k.f[j] = (float)kd[j];
-          }
-        } else {
-          uk->stats_rows(blk, n, row_stride, nc, &k, b1, b2, NULL, 0);
-          for (int64_t j = 0; j < nc; j++) t1[j] += b1[j], t2[j] += b2[j];
-        }
+        uk->stats_rows(blk, n, row_stride, nc, r0 == 0 ? NULL : kd, t1, t2, r0 == 0 ? kd : NULL,
+                       0);
       }
       for (int64_t j = 0; j < nc; j++)
         tile_moments(kd[j], t1[j], t2[j], (double)rows, &mean[j0 + j], &m2[j0 + j]);

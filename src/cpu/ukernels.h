@@ -89,9 +89,11 @@ typedef struct bn_ukernels {
      anchor kb */
   void (*stats_run)(const void *x, int64_t len, int64_t nruns, int64_t stride, const void *k,
                     double out[3]);
-  /* the same for each channel j < nc <= 1024 over rows >= 1 rows, anchors k[j] (or NULL):
-     o1[j], o2[j] (overwritten), okb[j] (when not NULL); flags: BN_PF_AHEAD or 0 */
-  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const void *k,
+  /* the same for each channel j < nc <= 1024 over rows >= 1 rows, anchors k[j] (double,
+     holding values of the compute type; or NULL): sum (x - k) and sum (x - k)^2 added to
+     o1[j], o2[j] (which start at +0 for a sum), the block's anchors written to okb[j] (when
+     not NULL); flags: BN_PF_AHEAD or 0 */
+  void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const double *k,
                      double *o1, double *o2, double *okb, int flags);
   /* y = act((x - mhi) * scale + shift [+ res]), nruns runs of len values stride apart */
   void (*fwd_run)(const void *x, const void *res, void *y, int64_t len, int64_t nruns,
