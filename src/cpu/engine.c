@@ -311,6 +311,25 @@ static inline void absorb(const norm_job *jb, double *tot, int64_t ts, int64_t j
   }
 }
 
+/* absorb for channels [0, nc) at once: tot[j] absorbs s[j] (k * stride apart) of cnt values
+   each; straight loops over the channels (vectorized), the same operations as absorb */
+static void absorb_all(const norm_job *jb, double *tot, int64_t ts, int64_t nc, int first,
+                       const double *s, int64_t stride, double cnt) {
+  double *t1 = tot, *t2 = tot + ts, *t3 = tot + 2 * ts;
+  const double *s1 = s, *s2 = s + stride, *s3 = s + 2 * stride;
+  if (first) {
+    for (int64_t j = 0; j < nc; j++) t1[j] = s1[j], t2[j] = s2[j], t3[j] = s3[j];
+  } else if (jb->nsums == SUMS_STATS) {
+    for (int64_t j = 0; j < nc; j++) {
+      const double delta = s3[j] - t3[j], ld = cnt * delta;
+      t1[j] += s1[j] + ld;
+      t2[j] += s2[j] + 2.0 * delta * s1[j] + ld * delta;
+    }
+  } else {
+    for (int64_t j = 0; j < nc; j++) t1[j] += s1[j], t2[j] += s2[j], t3[j] += s3[j];
+  }
+}
+
 /* ---- the reduction of a unit ------------------------------------------------------------ */
 
 /* per-sample channels-first statistics: a group's values are one contiguous run of cpg * s
@@ -362,8 +381,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
     for (int64_t ra = r0; ra < r1; ra += seg) {
       const int64_t rb = ra + seg < r1 ? ra + seg : r1;
       seg_sums_rows(jb, u, ra, rb, u->j0, u->nc, s, u->ts);
-      for (int64_t j = 0; j < u->nc; j++)
-        absorb(jb, u->tot, u->ts, j, ra == r0, &s[j], u->ts, (double)(rb - ra));
+      absorb_all(jb, u->tot, u->ts, u->nc, ra == r0, s, u->ts, (double)(rb - ra));
     }
   } else if (jb->nsums == SUMS_BWD && u->i1 - u->i0 == 1 && cf_sweep(jb)) {
     /* one sample's short runs (a per-sample norm's unit): one call sweeps its channels
@@ -741,8 +759,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
       for (int64_t seg = 0; seg < nseg; seg++) {
         const int64_t r0 = seg * len;
         const int64_t n = rows - r0 < len ? rows - r0 : len;
-        for (int64_t j = 0; j < c; j++)
-          absorb(jb, u->tot, c, j, seg == 0, &part[seg * 3 * c + j], c, (double)n);
+        absorb_all(jb, u->tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
       }
     }
     if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
