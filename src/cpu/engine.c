@@ -775,6 +775,54 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
   else norm_parallel_for(jb, urows(jb, u), split_apply_rows, &sa);
 }
 
+/* The split schedule of BatchNorm in rows form in one parallel region, for tensors in the
+   caches.  Between the reduction and the apply, run_split combines the segments and finalizes
+   on one thread between two regions: the other thread waits, and the per-channel arrays it
+   read in the last call (constants, partials) cross between the cores' caches.  Here every
+   thread combines the partials and finalizes all channels into its own unit arrays after one
+   barrier (the same operations in the same order, so the same bits), and only thread 0 writes
+   the op's outputs (jb->quiet for the others).  Measured (Zen 5, 2 threads, f32): the serial
+   part of a 16x576x5x5 backward took 13 us at 2 threads against 6 us at 1, in a 58 us call. */
+static int split_one_region(const norm_job *jb) {
+  const norm_geom *g = jb->g;
+  return jb->nt > 1 && jb->rows_form && !g->per_sample && jb->nsums && jb->apply &&
+         !jb->want_per_nc && g->total * (int64_t)g->esize <= NORM_CACHED_BYTES;
+}
+
+static void run_split_region(norm_job *jb, const norm_unit *whole, double *part, char *umem) {
+  const norm_geom *g = jb->g;
+  const int64_t c = g->c, nseg = nsegments(jb, whole), cb = split_cblock(jb, whole);
+  const int64_t items = nseg * ((c + cb - 1) / cb), rows = urows(jb, whole);
+  const int64_t len = seg_len(jb, rows);
+  const size_t ub = unit_bytes(jb, c);
+#pragma omp parallel num_threads(jb->nt)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    norm_job jt = *jb;
+    jt.quiet = t > 0;
+    norm_unit u = *whole;
+    unit_arrays(&jt, &u, umem + (size_t)t * ub, c);
+    if (jt.prepare) jt.prepare(&jt, &u);
+    if (jt.dy) lower_x(&jt, &u);
+    split_arg sa = {part, &u, nseg, cb};
+    split_sums_rows(&jt, items * t / nt, items * (t + 1) / nt, &sa);
+#pragma omp barrier
+    for (int64_t seg = 0; seg < nseg; seg++) {
+      const int64_t n = rows - seg * len < len ? rows - seg * len : len;
+      absorb_all(&jt, u.tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
+    }
+    if (jt.nsums == SUMS_BWD) convert_sums(&jt, &u, (double)((u.i1 - u.i0) * g->s));
+    jt.finalize(&jt, &u);
+    if (jt.dy) lower_bwd(&jt, &u);
+    if (u.slow && !jt.dy) {
+      if (t == 0) unit_apply_slow(&jt, &u);
+    } else {
+      split_apply_rows(&jt, rows * t / nt, rows * (t + 1) / nt, &sa);
+    }
+    store_fence(&jt);
+  }
+}
+
 /* ---- planning --------------------------------------------------------------------------- */
 
 static int use_fused(const norm_job *jb, int64_t units) {
@@ -947,7 +995,9 @@ norma_status norm_run_job(norm_job *jb) {
      (one set per thread, or the global unit of the split schedule), the split partials, and
      per_nc */
   norm_unit whole = {.i1 = g->per_sample ? 1 : g->n, .nc = g->c};
-  const size_t units = jb->fused ? (size_t)jb->nt * unit_bytes(jb, jb->unit) : unit_bytes(jb, g->c);
+  const int region = !jb->fused && split_one_region(jb);
+  const size_t units = jb->fused || region ? (size_t)jb->nt * unit_bytes(jb, jb->fused ? jb->unit : g->c)
+                                           : unit_bytes(jb, g->c);
   const size_t part = (!jb->fused && jb->nsums)
                           ? (size_t)nsegments(jb, &whole) * (size_t)g->c * 3 * sizeof(double) : 0;
   const size_t pnc = jb->want_per_nc ? (size_t)g->n * (size_t)g->c * 2 * sizeof(double) : 0;
@@ -958,6 +1008,8 @@ norma_status norm_run_job(norm_job *jb) {
   jb->per_nc = jb->want_per_nc ? (double *)(mem + norm_up64(units) + norm_up64(part)) : NULL;
   if (jb->fused) {
     norm_parallel_for(jb, unit_count(jb), fused_units, mem);
+  } else if (region) {
+    run_split_region(jb, &whole, (double *)(mem + norm_up64(units)), mem);
   } else { /* BatchNorm: one unit of all samples; a per-sample norm: one per sample */
     norm_unit u = whole;
     unit_arrays(jb, &u, mem, g->c);

@@ -113,6 +113,8 @@ struct norm_job {
   const void *ctx;
   double *per_nc;        /* [n][2][c] doubles shared by the units (per-sample ops), or NULL */
   int want_per_nc;       /* ask run_job for per_nc */
+  int quiet;             /* finalize computes the constants only: another thread writes the
+                            op's outputs (save_*, running statistics, dgamma, dbeta) */
 };
 
 /* Plans and runs the job (the op has set g, nsums, apply, tensors, callbacks). */

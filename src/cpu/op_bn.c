@@ -49,6 +49,7 @@ static void finalize_training_f32(norm_job *jb, norm_unit *u) {
   float *rm = a->running_mean ? (float *)a->running_mean + j0 : NULL;
   float *rv = a->running_var ? (float *)a->running_var + j0 : NULL;
   if (!a->run) rm = rv = NULL;
+  if (jb->quiet) sm = si = rm = rv = NULL; /* another thread writes them */
   const double wo = rm || rv ? a->run->w_old : 0.0, wn = rm || rv ? a->run->w_new : 0.0;
   const int biased = rm || rv ? a->run->biased : 1;
   int slow = 0;
@@ -102,6 +103,7 @@ static void finalize_training(norm_job *jb, norm_unit *u) {
     const double is = norm_invstd(var, g->eps);
     norm_set_fwd_consts(jb, u, j, mean, mlo, is, norma__param(g->dt, a->gamma, ch, 1.0),
                         norma__param(g->dt, a->beta, ch, 0.0));
+    if (jb->quiet) continue; /* another thread writes the outputs */
     if (a->save_mean) norma__param_store(g->dt, a->save_mean, ch, mean);
     if (a->save_invstd) norma__param_store(g->dt, a->save_invstd, ch, is);
     norm_running_apply(a->run, g->dt, a->running_mean, a->running_var, ch, mean, var, m);
@@ -407,8 +409,8 @@ static void finalize_backward_f32(norm_job *jb, norm_unit *u) {
   const double *id = a->invstd_d ? a->invstd_d + j0 : NULL;
   float *cgm = (float *)u->cst + C_GM * cs, *cda = (float *)u->cst + C_DA * cs;
   float *cdb = (float *)u->cst + C_DB * cs, *cdd = (float *)u->cst + C_DD * cs;
-  float *dg = a->dgamma ? (float *)a->dgamma + j0 : NULL;
-  float *dbt = a->dbeta ? (float *)a->dbeta + j0 : NULL;
+  float *dg = a->dgamma && !jb->quiet ? (float *)a->dgamma + j0 : NULL;
+  float *dbt = a->dbeta && !jb->quiet ? (float *)a->dbeta + j0 : NULL;
   const int xg = a->x != NULL;
   for (int64_t j = 0; j < nc; j++) {
     const double sg = t1[j], sgx = t2[j];
@@ -439,6 +441,7 @@ static void finalize_backward(norm_job *jb, norm_unit *u) {
     const double S = sgx - s * sg;
     set_bwd(jb, u, j, norma__param(g->dt, a->gamma, ch, 1.0) * bwd_invstd(g, a, ch), sg / m, S / m,
             s, global);
+    if (jb->quiet) continue; /* another thread writes the outputs */
     if (a->dgamma) norma__param_store(g->dt, a->dgamma, ch, S);
     if (a->dbeta) norma__param_store(g->dt, a->dbeta, ch, sg);
   }
