@@ -131,7 +131,9 @@ NORMA_API int norma_get_use_reference(void);
 /*
  * Streaming (non-temporal) stores of outputs.  An output of at least min_bytes and at most
  * max_bytes is written around the caches, which saves reading each line of it before it is
- * written when the output is not cached (a buffer reused from call to call).  A freshly
+ * written when the output is not cached (a buffer reused from call to call).  With the default
+ * minimum, an output is streamed only when the call's tensors (those it reads and writes)
+ * together exceed 32 MiB: below that the caches keep them from call to call.  A freshly
  * allocated output is usually cached already (the OS zero-fills a new page through the cache)
  * and is faster written through it: a binding that hands norma a new allocation for every call
  * may narrow the range.  norma.torch sets max_bytes to 32 MiB, above which glibc's malloc maps

@@ -843,12 +843,14 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
   const long long v = atoll(e);
   return v > 0 ? (int64_t)v : dflt;
 }
-int norm_nt_store(int64_t bytes) {
-  static int64_t dflt = 0;
-  if (!dflt) dflt = env_bytes("NORMA_NT_MIN_BYTES", (int64_t)8 << 20);
+int norm_nt_store(int64_t bytes, int64_t footprint) {
+  static int64_t env = 0; /* NORMA_NT_MIN_BYTES, or -1 */
+  if (!env) env = env_bytes("NORMA_NT_MIN_BYTES", -1);
   int64_t lo, hi;
   norma__streaming_range(&lo, &hi);
-  return bytes >= (lo < 0 ? dflt : lo) && bytes <= hi;
+  if (lo < 0 && env < 0) /* the default */
+    return bytes >= ((int64_t)8 << 20) && bytes <= hi && footprint > NORM_NT_FOOTPRINT;
+  return bytes >= (lo < 0 ? env : lo) && bytes <= hi;
 }
 
 int norm_nt_runs(int64_t run_bytes) { return run_bytes % 64 == 0 || run_bytes >= 2048; }
@@ -981,7 +983,9 @@ void norm_plan_job(norm_job *jb) {
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c) &&
                                               norm_nt_runs(g->c * (int64_t)g->esize)
                                         : g->s * (int64_t)g->esize >= 2048;
-  jb->store = whole_lines && norm_nt_store(g->total * (int64_t)g->esize) ? BN_STORE_NT : 0;
+  const int64_t bytes = g->total * (int64_t)g->esize;
+  const int64_t footprint = norm_bn_tensors(g, jb->nsums == SUMS_BWD || jb->dy != NULL) * bytes;
+  jb->store = whole_lines && norm_nt_store(bytes, footprint) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
 }

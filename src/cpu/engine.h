@@ -130,10 +130,23 @@ void norm_plan_job(norm_job *jb);
 /* Bytes a fused unit may hold per thread and still be applied from cache (half the L2, or
    NORMA_UNIT_BUDGET). */
 int64_t norm_unit_budget(void);
-/* Whether an output of `bytes` bytes is written around the cache (non-temporal stores): at
-   least 8 MiB (or NORMA_NT_MIN_BYTES, a tuning knob, docs/performance.md), within the range
-   norma_set_streaming_stores set. */
-int norm_nt_store(int64_t bytes);
+/* Whether an output of `bytes` bytes is written around the cache (non-temporal stores) in a
+   call whose tensors (those it reads and those it writes) total `footprint` bytes.  Within the
+   range norma_set_streaming_stores set; its minimum, or NORMA_NT_MIN_BYTES (a tuning knob,
+   docs/performance.md), decides alone when given; by default an output of at least 8 MiB in a
+   call whose footprint exceeds NORM_NT_FOOTPRINT.  Below that the caches hold the tensors from
+   call to call, and an output written through them is found there the next time: measured
+   (Zen 5, 2 threads, f32, A/B pairs, streamed / through the cache) forward NCHW 8x32x112x112
+   (12.8 MB: 25.6 MB read and written) 1.44x slower streamed, inference 16x64x56x56 1.7x; its
+   backward (38.4 MB) 0.90x, so the backward keeps them. */
+#define NORM_NT_FOOTPRINT ((int64_t)32 << 20)
+int norm_nt_store(int64_t bytes, int64_t footprint);
+/* the tensors a BatchNorm call reads and writes, each the size of x: the forward x and y (and
+   the residual), the backward x, dy and dx (and y for the activation's mask, dresidual) */
+static inline int64_t norm_bn_tensors(const norm_geom *g, int backward) {
+  if (backward) return 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU);
+  return 2 + (g->act == BN_ACT_ADD_RELU);
+}
 /* Whether the kernels' streaming stores fill whole cache lines when each writes runs of
    run_bytes contiguous bytes (a vector tail at the end of each run): runs of whole lines
    (then no run has a tail), or runs of at least 2 KiB.  A line that takes both a streaming

@@ -205,18 +205,38 @@ static void dresidual_aliasing(void) {
 /* norma_set_streaming_stores: the plan reports the streaming stores its range gives; bad
    values are rejected; results do not depend on it */
 static void streaming_range(void) {
-  /* 16 MiB of f32, channels-first (whole lines): streaming by default (>= 8 MiB) */
-  norma_bn_desc d = {4, 64, 16384, NORMA_CHANNELS_FIRST, NORMA_F32, 1e-5, 0};
+  /* 32 MiB of f32, channels-first (whole lines): streaming by default (>= 8 MiB, and the
+     call's tensors over 32 MiB) */
+  norma_bn_desc d = {4, 64, 32768, NORMA_CHANNELS_FIRST, NORMA_F32, 1e-5, 0};
   norma_bn_plan p;
   const int64_t big = (int64_t)1 << 62;
   EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
   TU_CHECK(p.streaming_stores == 1, "default: streaming %d", p.streaming_stores);
+  {
+    /* 12 MiB: its forward reads and writes 24 MiB, which the caches keep between calls (no
+       streaming); its backward 36 MiB (streaming); a minimum set by the user decides alone */
+    norma_bn_desc m = {4, 64, 12288, NORMA_CHANNELS_FIRST, NORMA_F32, 1e-5, 0};
+    EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_FORWARD_TRAINING, &p), NORMA_OK, "plan 12 MiB");
+    TU_CHECK(p.streaming_stores == 0, "12 MiB forward: streaming %d", p.streaming_stores);
+    EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_FORWARD_INFERENCE, &p), NORMA_OK, "plan 12 MiB");
+    TU_CHECK(p.streaming_stores == 0, "12 MiB inference: streaming %d", p.streaming_stores);
+    EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_BACKWARD, &p), NORMA_OK, "plan 12 MiB");
+    TU_CHECK(p.streaming_stores == 1, "12 MiB backward: streaming %d", p.streaming_stores);
+    m.flags = NORMA_BN_ADD_RELU; /* x, residual, y: 36 MiB */
+    EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_FORWARD_TRAINING, &p), NORMA_OK, "plan 12 MiB");
+    TU_CHECK(p.streaming_stores == 1, "12 MiB add-relu forward: streaming %d", p.streaming_stores);
+    m.flags = 0;
+    EXPECT(norma_set_streaming_stores((int64_t)8 << 20, big), NORMA_OK, "min 8 MiB");
+    EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_FORWARD_TRAINING, &p), NORMA_OK, "plan 12 MiB");
+    TU_CHECK(p.streaming_stores == 1, "12 MiB forward, min 8 MiB: streaming %d", p.streaming_stores);
+    EXPECT(norma_set_streaming_stores(0, big), NORMA_OK, "defaults");
+  }
   EXPECT(norma_set_streaming_stores(0, (int64_t)8 << 20), NORMA_OK, "max 8 MiB");
   EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
   TU_CHECK(p.streaming_stores == 0, "max 8 MiB: streaming %d", p.streaming_stores);
-  EXPECT(norma_set_streaming_stores((int64_t)32 << 20, big), NORMA_OK, "min 32 MiB");
+  EXPECT(norma_set_streaming_stores((int64_t)64 << 20, big), NORMA_OK, "min 64 MiB");
   EXPECT(norma_bn_query_plan(&d, 0, &p), NORMA_OK, "plan");
-  TU_CHECK(p.streaming_stores == 0, "min 32 MiB: streaming %d", p.streaming_stores);
+  TU_CHECK(p.streaming_stores == 0, "min 64 MiB: streaming %d", p.streaming_stores);
   EXPECT(norma_set_streaming_stores(-1, big), NORMA_ERR_INVALID_ARGUMENT, "min < 0");
   EXPECT(norma_set_streaming_stores(0, -1), NORMA_ERR_INVALID_ARGUMENT, "max < 0");
   EXPECT(norma_set_streaming_stores(1024, big), NORMA_OK, "min 1 KiB");
