@@ -739,7 +739,8 @@ def get_use_reference():
 
 def set_streaming_stores(min_bytes=0, max_bytes=(1 << 63) - 1):
     """Outputs of min_bytes..max_bytes bytes are written with non-temporal stores (around the
-    caches); min_bytes=0 is the library's default minimum (8 MiB), the default max_bytes no
-    maximum, max_bytes < min_bytes none at all.  Speed only: results do not depend on it.
+    caches); min_bytes=0 is the library's default (8 MiB, and only in calls whose tensors
+    together exceed 32 MiB), the default max_bytes no maximum, max_bytes < min_bytes none at
+    all.  Speed only: results do not depend on it.
     norma.torch sets max_bytes to 32 MiB when imported (norma.h: norma_set_streaming_stores)."""
     call("norma_set_streaming_stores", int(min_bytes), int(max_bytes))
