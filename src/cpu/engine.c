@@ -321,9 +321,9 @@ static void absorb_all(const norm_job *jb, double *tot, int64_t ts, int64_t nc, 
     for (int64_t j = 0; j < nc; j++) t1[j] = s1[j], t2[j] = s2[j], t3[j] = s3[j];
   } else if (jb->nsums == SUMS_STATS) {
     for (int64_t j = 0; j < nc; j++) {
-      const double delta = s3[j] - t3[j], ld = cnt * delta;
-      t1[j] += s1[j] + ld;
-      t2[j] += s2[j] + 2.0 * delta * s1[j] + ld * delta;
+      double a, b;
+      bn_stats_shift(s3[j], t3[j], s1[j], s2[j], cnt, &a, &b);
+      t1[j] += a, t2[j] += b;
     }
   } else {
     for (int64_t j = 0; j < nc; j++) t1[j] += s1[j], t2[j] += s2[j], t3[j] += s3[j];
@@ -654,6 +654,17 @@ static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
   return w < c ? w : c;
 }
 
+/* rows form: the unit's totals (every channel, ts = c) from the partials of its nseg row
+   segments, in segment order */
+static void combine_row_segments(const norm_job *jb, norm_unit *u, const double *part,
+                                 int64_t nseg) {
+  const int64_t c = jb->g->c, rows = urows(jb, u), len = seg_len(jb, rows);
+  for (int64_t seg = 0; seg < nseg; seg++) {
+    const int64_t n = rows - seg * len < len ? rows - seg * len : len;
+    absorb_all(jb, u->tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
+  }
+}
+
 typedef struct split_arg {
   double *part;
   norm_unit *u; /* the unit: every channel of its samples */
@@ -755,12 +766,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part) {
         }
     } else {
       norm_parallel_for(jb, nseg * ((c + sa.cb - 1) / sa.cb), split_sums_rows, &sa);
-      const int64_t rows = urows(jb, u), len = seg_len(jb, rows);
-      for (int64_t seg = 0; seg < nseg; seg++) {
-        const int64_t r0 = seg * len;
-        const int64_t n = rows - r0 < len ? rows - r0 : len;
-        absorb_all(jb, u->tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
-      }
+      combine_row_segments(jb, u, part, nseg);
     }
     if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
       unit_merge_groups(jb, u, (double)g->s);
@@ -793,7 +799,6 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
   const norm_geom *g = jb->g;
   const int64_t c = g->c, nseg = nsegments(jb, whole), cb = split_cblock(jb, whole);
   const int64_t items = nseg * ((c + cb - 1) / cb), rows = urows(jb, whole);
-  const int64_t len = seg_len(jb, rows);
   const size_t ub = unit_bytes(jb, c);
 #pragma omp parallel num_threads(jb->nt)
   {
@@ -807,10 +812,7 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
     split_arg sa = {part, &u, nseg, cb};
     split_sums_rows(&jt, items * t / nt, items * (t + 1) / nt, &sa);
 #pragma omp barrier
-    for (int64_t seg = 0; seg < nseg; seg++) {
-      const int64_t n = rows - seg * len < len ? rows - seg * len : len;
-      absorb_all(&jt, u.tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
-    }
+    combine_row_segments(&jt, &u, part, nseg);
     if (jt.nsums == SUMS_BWD) convert_sums(&jt, &u, (double)((u.i1 - u.i0) * g->s));
     jt.finalize(&jt, &u);
     if (jt.dy) lower_bwd(&jt, &u);
@@ -983,9 +985,8 @@ void norm_plan_job(norm_job *jb) {
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c) &&
                                               norm_nt_runs(g->c * (int64_t)g->esize)
                                         : g->s * (int64_t)g->esize >= 2048;
-  const int64_t bytes = g->total * (int64_t)g->esize;
-  const int64_t footprint = norm_bn_tensors(g, jb->nsums == SUMS_BWD || jb->dy != NULL) * bytes;
-  jb->store = whole_lines && norm_nt_store(bytes, footprint) ? BN_STORE_NT : 0;
+  jb->store =
+      whole_lines && norm_bn_nt_store(g, jb->nsums == SUMS_BWD || jb->dy != NULL) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
 }

@@ -141,11 +141,14 @@ int64_t norm_unit_budget(void);
    backward (38.4 MB) 0.90x, so the backward keeps them. */
 #define NORM_NT_FOOTPRINT ((int64_t)32 << 20)
 int norm_nt_store(int64_t bytes, int64_t footprint);
-/* the tensors a BatchNorm call reads and writes, each the size of x: the forward x and y (and
-   the residual), the backward x, dy and dx (and y for the activation's mask, dresidual) */
-static inline int64_t norm_bn_tensors(const norm_geom *g, int backward) {
-  if (backward) return 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU);
-  return 2 + (g->act == BN_ACT_ADD_RELU);
+/* norm_nt_store for a BatchNorm call (or a per-sample norm through the engine) on g: its
+   tensors, each the size of x, are the forward's x and y (and the residual), the backward's
+   x, dy and dx (and y for the activation's mask, dresidual) */
+static inline int norm_bn_nt_store(const norm_geom *g, int backward) {
+  const int64_t bytes = g->total * (int64_t)g->esize;
+  const int64_t tensors = backward ? 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU)
+                                   : 2 + (g->act == BN_ACT_ADD_RELU);
+  return norm_nt_store(bytes, tensors * bytes);
 }
 /* Whether the kernels' streaming stores fill whole cache lines when each writes runs of
    run_bytes contiguous bytes (a vector tail at the end of each run): runs of whole lines

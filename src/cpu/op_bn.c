@@ -204,8 +204,7 @@ static int64_t wide_factor(const norm_geom *g, int backward) {
   if (row > 64) {
     /* rows that end inside a line, in a tensor written around the cache: streaming stores
        need whole lines (norm_nt_runs), so k rows make a wide row of whole lines */
-    const int64_t bytes = g->total * (int64_t)g->esize;
-    if (norm_nt_runs(row) || !norm_nt_store(bytes, norm_bn_tensors(g, backward) * bytes)) return 1;
+    if (norm_nt_runs(row) || !norm_bn_nt_store(g, backward)) return 1;
     int64_t a = row, b = 64;
     while (b) { const int64_t t = a % b; a = b, b = t; }
     return g->m % (64 / a) == 0 ? 64 / a : 1;
