@@ -22,6 +22,7 @@ VAI vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 VAI vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 VAI vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
 VAI vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+VAI vf vor_bits(vf a, vf b) { return _mm256_or_ps(a, b); } /* the lanes' bit patterns ORed */
 VAI vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 VAI vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a * b + c */
 /* max(0, v), NaN passing through (max returns its second operand on NaN) */

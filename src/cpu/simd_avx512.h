@@ -31,6 +31,9 @@ VAI vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 VAI vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 VAI vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 VAI vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+VAI vf vor_bits(vf a, vf b) { /* the bitwise OR of the lanes' patterns */
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
 VAI vf vmax0(vf v) { return _mm512_max_ps(_mm512_setzero_ps(), v); } /* NaN passes */
 
 VAI vm vmask_first(int n) { return (vm)(n >= 16 ? 0xffffu : ((1u << n) - 1u)); }

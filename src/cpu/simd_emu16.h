@@ -24,6 +24,7 @@ EMU2(vmul, _mm256_mul_ps)
 EMU2(vdiv, _mm256_div_ps)
 EMU2(vmin, _mm256_min_ps)
 EMU2(vmax, _mm256_max_ps)
+EMU2(vor_bits, _mm256_or_ps) /* the lanes' bit patterns ORed */
 #undef EMU2
 VAI vf vzero(void) { return vmk(_mm256_setzero_ps(), _mm256_setzero_ps()); }
 VAI vf vset1(float a) { return vmk(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
