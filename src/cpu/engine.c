@@ -721,15 +721,16 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
 /* After a reduction the apply walks each thread's rows backwards, in blocks of about 64 KiB
    read forwards: the rows the statistics read last are the ones still in the caches (L2 and
    the LLC), so a tensor somewhat larger than the caches is partly read from them instead of
-   from memory.  Without one (inference) it walks forwards, and so it does on rows of at most
-   NORM_FWD_WALK_MAX_C channels: there the backwards walk cost more than the caches gave back
-   (backward NHWC, Zen 5, 2 threads, paired: forwards 32x112x112x64 1.16x, 32x56x56x128 1.10x,
-   32x56x56x64 1.04x faster; 32x56x56x256 and 32x28x28x512 0.82x and 0.86x). */
+   from memory.  Without one (inference) it walks forwards, and so it does on tensors beyond
+   the caches (jb->pf) with rows of at most NORM_FWD_WALK_MAX_C channels: there the backwards
+   walk cost more than the caches gave back (backward NHWC, Zen 5, 2 threads, paired:
+   forwards 32x112x112x64 1.16x, 32x56x56x128 1.10x, 32x56x56x64 1.04x faster; 32x56x56x256
+   and 32x28x28x512 0.82x and 0.86x; in-cache 32x28x28x128 0.91x). */
 #define NORM_FWD_WALK_MAX_C 128
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
-  if (!jb->nsums || c <= NORM_FWD_WALK_MAX_C) { /* forwards, the kernels prefetching ahead */
+  if (!jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C)) { /* forwards, prefetching ahead */
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
       apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
