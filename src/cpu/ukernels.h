@@ -91,8 +91,9 @@ typedef struct bn_ukernels {
                     double out[3]);
   /* the same for each channel j < nc <= 1024 over rows >= 1 rows, anchors k[j] (double,
      holding values of the compute type; or NULL): sum (x - k) and sum (x - k)^2 added to
-     o1[j], o2[j] (which start at +0 for a sum), the block's anchors written to okb[j] (when
-     not NULL); flags: BN_PF_AHEAD or 0 */
+     o1[j], o2[j] (which start at +0 for a sum); with k NULL the kernel picks the anchors (the
+     vector kernels: the mean of the block's first rows) and writes them to okb[j] (when not
+     NULL), for the later blocks of the segment to pass as k; flags: BN_PF_AHEAD or 0 */
   void (*stats_rows)(const void *x, int64_t rows, int64_t ld, int64_t nc, const double *k,
                      double *o1, double *o2, double *okb, int flags);
   /* y = act((x - mhi) * scale + shift [+ res]), nruns runs of len values stride apart */
