@@ -130,7 +130,11 @@ res = {}
 for i, (shape, layout) in enumerate([((4, 67, 225), "channels_first"),
                                      ((4, 15, 15, 67), "channels_last"),
                                      ((2, 25600, 3), "channels_last"),
-                                     ((3, 19, 1201), "channels_first")]):
+                                     ((3, 19, 1201), "channels_first"),
+                                     # two chunks per run; runs two samples per segment,
+                                     # an odd count of samples
+                                     ((32, 3, 4500), "channels_first"),
+                                     ((33, 5, 200), "channels_first")]):
     for dt in (np.float32, np.float16):
         x = (rng.standard_normal(shape) * 2 + 1).astype(dt)
         dy = rng.standard_normal(shape).astype(dt)
