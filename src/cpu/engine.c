@@ -895,14 +895,16 @@ static int64_t min_piece(void) {
    32x512x28x28 1.25-1.32x, 32x256x56x56 1.20x, 32x64x112x112 1.20x, 32x1024x14x14 1.60x,
    32x128x28x28 1.26x, 32x256x14x14 1.10x, 32x64x56x56 0.99-1.09x, bf16 32x512x28x28 1.9x;
    backward 32x512x28x28 1.23x, 32x1024x14x14 1.36x, 32x64x56x56 1.33x, 32x256x14x14 1.11x,
-   bf16 32x512x28x28 1.73x.  Not for fewer samples (fused pieces long: 8x256x56x56 0.93x,
-   16x96x56x56 0.80x), runs under CF_SWEEP_BELOW bytes (7x7: 32x2048x7x7 0.89x, 32x512x7x7
-   0.97x) or tensors of a few MiB.  Both schedules give the same bits. */
+   bf16 32x512x28x28 1.73x, bf16 32x1024x14x14 1.04-1.25x.  Not for fewer samples (fused
+   pieces long: 8x256x56x56 0.93x, 16x96x56x56 0.80x), runs under 128 values (7x7:
+   32x2048x7x7 0.89x, 32x512x7x7 0.97x) or tensors of a few MiB.  Both schedules give the
+   same bits. */
 #define NORM_CF_SPLIT_MIN_N 32
+#define NORM_CF_SPLIT_MIN_S 128
 #define NORM_CF_SPLIT_MIN_BYTES ((int64_t)4 << 20)
 static int cf_split_streams(const norm_job *jb) {
   const norm_geom *g = jb->g;
-  return g->n >= NORM_CF_SPLIT_MIN_N && g->s * (int64_t)g->esize >= CF_SWEEP_BELOW &&
+  return g->n >= NORM_CF_SPLIT_MIN_N && g->s >= NORM_CF_SPLIT_MIN_S &&
          g->total * (int64_t)g->esize >= NORM_CF_SPLIT_MIN_BYTES;
 }
 
