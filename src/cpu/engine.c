@@ -728,8 +728,15 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    the caches (jb->pf) with rows of at most NORM_FWD_WALK_MAX_C channels: there the backwards
    walk cost more than the caches gave back (backward NHWC, Zen 5, 2 threads, paired:
    forwards 32x112x112x64 1.16x, 32x56x56x128 1.10x, 32x56x56x64 1.04x faster; 32x56x56x256
-   and 32x28x28x512 0.82x and 0.86x; in-cache 32x28x28x128 0.91x). */
+   and 32x28x28x512 0.82x and 0.86x; in-cache 32x28x28x128 0.91x).  The backward's apply of
+   wider rows walks forwards too, without software prefetch, on tensors of 16-64 MiB (x):
+   paired against the backwards walk (Zen 5, 2 threads, f32) 64x2048x7x7 1.08x, 32x1024x14x14
+   1.06x, 32x512x28x28 1.15x, bf16 1.06x; with the prefetch of the narrow rows' walk these were
+   1.06-1.10x slower.  AVX-512 only (AVX2 0.94-0.96x on 32x1024x14x14 and 64x2048x7x7).
+   Not beyond 64 MiB (32x256x56x56 0.96x forwards), in the caches
+   (32x2048x7x7 0.94x) or for the forward (32x1024x14x14 0.91x, 32x512x28x28 0.96x). */
 #define NORM_FWD_WALK_MAX_C 128
+#define NORM_BWD_FWD_WALK_MAX_BYTES ((int64_t)64 << 20)
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
@@ -737,6 +744,14 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
       apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
+    }
+    return;
+  }
+  if (jb->dy && jb->pf && jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES &&
+      bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512) {
+    for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) { /* forwards, no prefetch */
+      const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
+      apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, 0);
     }
     return;
   }
