@@ -904,8 +904,10 @@ static int64_t min_piece(void) {
 
 /* Channels-first with many samples: the split schedule, whose reduction and apply each stream
    the tensor in memory order (split_sums_cf, split_apply_cf), beats the fused one although it
-   reads x twice.  A fused unit reads its slab in one piece per sample, a sample apart, then
-   works from L2 while memory idles; with 32 samples or more those pieces are many and short.
+   reads x twice.  A fused unit reads its slab in one piece per sample, a sample apart; with
+   32 samples or more those pieces are many and short, and were read at about a third of the
+   streaming bandwidth (32x512x28x28: 57 % of the forward in stats_run, x at about 32 GB/s;
+   prefetching the next piece, or the next unit into L2, did not help).
    Measured (Zen 5, 2 threads, f32 unless said, paired, split against fused): forward
    32x512x28x28 1.25-1.32x, 32x256x56x56 1.20x, 32x64x112x112 1.20x, 32x1024x14x14 1.60x,
    32x128x28x28 1.26x, 32x256x14x14 1.10x, 32x64x56x56 0.99-1.09x, bf16 32x512x28x28 1.9x;
