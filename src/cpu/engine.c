@@ -740,18 +740,15 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
-  if (!jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C)) { /* forwards, prefetching ahead */
+  /* forwards, prefetching ahead (no reduction, or narrow rows); or forwards without prefetch
+     (the backward's wider rows of 16-64 MiB on AVX-512) */
+  const int ahead = !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C);
+  if (ahead || (jb->dy && jb->pf &&
+                jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES &&
+                bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512)) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
-      apply_rows(jb, sa->u, base + lo, base + hi, 0, c);
-    }
-    return;
-  }
-  if (jb->dy && jb->pf && jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES &&
-      bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512) {
-    for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) { /* forwards, no prefetch */
-      const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
-      apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, 0);
+      apply_rows_f(jb, sa->u, base + lo, base + hi, 0, c, ahead ? jb->pf : 0);
     }
     return;
   }
