@@ -339,6 +339,10 @@ int main(void) {
   /* channels-first runs of 2 values: the blocked wide view ([N][C S] rows) */
   shapes[ns++] = (shape){3, 17, 2};
   shapes[ns++] = (shape){40, 1000, 2};
+  /* channels-last rows of more than 1024 channels: the backward apply in blocks of 512
+     channels (a partial last block, a partial last vector) */
+  shapes[ns++] = (shape){3, 1100, 7};
+  shapes[ns++] = (shape){2, 1537, 5};
   /* few rows of many channels: inference in units of channels, one per thread */
   shapes[ns++] = (shape){17, 8200, 1};
 
