@@ -90,6 +90,8 @@ typedef struct norm_unit {
   int slow;         /* a channel's constants overflow the compute type: apply in double */
   void *kst;        /* [C_COUNT][cs] the backward kernels' constants (ukernels.h: C_XS ...),
                        lowered by the engine from cst */
+  float *rep;       /* [C_COUNT][srk * c] the kernels' constants repeated for the apply's
+                       aligned super-rows (engine.c), or NULL */
 } norm_unit;
 
 typedef void (*norm_unit_fn)(norm_job *jb, norm_unit *u);
@@ -120,6 +122,8 @@ struct norm_job {
   int want_per_nc;       /* ask run_job for per_nc */
   int quiet;             /* finalize computes the constants only: another thread writes the
                             op's outputs (save_*, running statistics, dgamma, dbeta) */
+  int64_t srk, sra;      /* the split apply's aligned super-rows (engine.c): srk rows each,
+                            the first at row sra; srk 0 when not used */
 };
 
 /* Plans and runs the job (the op has set g, nsums, apply, tensors, callbacks). */

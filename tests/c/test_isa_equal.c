@@ -173,5 +173,25 @@ int main(void) {
             compare(what, run_ln, &d, dt, 3 * c * s, c * s, 3, seed++);
           }
         }
+  /* channels-last rows that end inside a line, large enough for the split schedule: the
+     AVX-512 apply takes them as aligned super-rows (engine.c), AVX2's vectors fit 728 and 200
+     channels' rows and take them as they are */
+  const int64_t wide_cs[] = {728, 200, 100};
+  for (int di = 0; di < 3; di++)
+    for (size_t ci = 0; ci < sizeof wide_cs / sizeof wide_cs[0]; ci++) {
+      const norma_dtype dt = dts[di];
+      const int64_t c = wide_cs[ci], s = 49, n = 8;
+      const unsigned bnf[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU};
+      for (int f = 0; f < 3; f++) {
+        norma_bn_desc d = {n, c, s, NORMA_CHANNELS_LAST, dt, 1e-5, bnf[f]};
+        snprintf(what, sizeof what, "bn %s channels_last c=%lld s=%lld n=%lld flags=%u",
+                 tu_dt_name(dt), (long long)c, (long long)s, (long long)n, bnf[f]);
+        compare(what, run_bn, &d, dt, n * c * s, c, c, seed++);
+      }
+      norma_gn_desc d = {1, c, 4 * s, c / 4, NORMA_CHANNELS_LAST, dt, 1e-5, NORMA_SILU};
+      snprintf(what, sizeof what, "gn %s channels_last c=%lld s=%lld n=1 G=%lld", tu_dt_name(dt),
+               (long long)c, (long long)(4 * s), (long long)(c / 4));
+      compare(what, run_gn, &d, dt, c * 4 * s, c, c / 4, seed++);
+    }
   return tu_finish("test_isa_equal");
 }

@@ -343,6 +343,11 @@ int main(void) {
      channels (a partial last block, a partial last vector) */
   shapes[ns++] = (shape){3, 1100, 7};
   shapes[ns++] = (shape){2, 1537, 5};
+  /* channels-last rows that end inside a line, in the split schedule: the apply's aligned
+     super-rows of 2 (728 channels) and 4 (100) rows, from the first row or (misaligned
+     pointers) a later one */
+  shapes[ns++] = (shape){8, 728, 49};
+  shapes[ns++] = (shape){2, 100, 300};
   /* few rows of many channels: inference in units of channels, one per thread */
   shapes[ns++] = (shape){17, 8200, 1};
 
