@@ -174,8 +174,8 @@ int main(void) {
           }
         }
   /* channels-last rows that end inside a line, large enough for the split schedule: the
-     AVX-512 apply takes them as aligned super-rows (engine.c), AVX2's vectors fit 728 and 200
-     channels' rows and take them as they are */
+     AVX-512 apply takes rows of 728 and 200 channels as aligned super-rows (engine.c), which
+     AVX2's vectors fit as they are; 100 channels the other way round (AVX-512's strips) */
   const int64_t wide_cs[] = {728, 200, 100};
   for (int di = 0; di < 3; di++)
     for (size_t ci = 0; ci < sizeof wide_cs / sizeof wide_cs[0]; ci++) {

@@ -344,7 +344,7 @@ int main(void) {
   shapes[ns++] = (shape){3, 1100, 7};
   shapes[ns++] = (shape){2, 1537, 5};
   /* channels-last rows that end inside a line, in the split schedule: the apply's aligned
-     super-rows of 2 (728 channels) and 4 (100) rows, from the first row or (misaligned
+     super-rows of 2 (728 channels) and 4 (100, AVX2) rows, from the first row or (misaligned
      pointers) a later one */
   shapes[ns++] = (shape){8, 728, 49};
   shapes[ns++] = (shape){2, 100, 300};
