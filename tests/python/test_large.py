@@ -134,7 +134,9 @@ for i, (shape, layout) in enumerate([((4, 67, 225), "channels_first"),
                                      # two chunks per run; runs two samples per segment,
                                      # an odd count of samples
                                      ((32, 3, 4500), "channels_first"),
-                                     ((33, 5, 200), "channels_first")]):
+                                     ((33, 5, 200), "channels_first"),
+                                     # twelve samples, runs of 361 values
+                                     ((12, 7, 361), "channels_first")]):
     for dt in (np.float32, np.float16):
         x = (rng.standard_normal(shape) * 2 + 1).astype(dt)
         dy = rng.standard_normal(shape).astype(dt)
