@@ -746,9 +746,7 @@ static void plan_super_rows(norm_job *jb) {
   /* AVX-512 applies rows of up to 128 values in strips, their constants in registers: super-rows
      would leave them (32x40x56x56 inference ran 0.87x as fast) */
   if (row % vbytes == 0 || (isa == NORMA_ISA_AVX512 && g->c <= 128)) return;
-  int64_t a = row, b = 64;
-  while (b) { const int64_t t = a % b; a = b, b = t; }
-  const int64_t k = 64 / a;
+  const int64_t k = norm_line_rows(row);
   if (k * g->c > NORM_SR_MAX_C / (4 / (int64_t)g->esize) || g->m < 4 * k * (int64_t)jb->nt)
     return;
   const uintptr_t ph = (uintptr_t)jb->out % 64;

@@ -231,6 +231,16 @@ void norm_unit_absorb(const norm_job *jb, norm_unit *u, int64_t dst, int64_t src
 
 /* bytes rounded up to a cache line */
 static inline size_t norm_up64(size_t b) { return (b + 63) & ~(size_t)63; }
+/* the fewest consecutive rows of row_bytes (> 0) bytes that make whole 64-byte lines:
+   64 / gcd(row_bytes, 64) */
+static inline int64_t norm_line_rows(int64_t row_bytes) {
+  int64_t a = row_bytes, b = 64;
+  while (b) {
+    const int64_t t = a % b;
+    a = b, b = t;
+  }
+  return 64 / a;
+}
 
 /* Per-thread scratch kept between calls (grown, never shrunk): slot 0 for what a call owns,
    slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread). */

@@ -205,9 +205,8 @@ static int64_t wide_factor(const norm_geom *g, int backward) {
     /* rows that end inside a line, in a tensor written around the cache: streaming stores
        need whole lines (norm_nt_runs), so k rows make a wide row of whole lines */
     if (norm_nt_runs(row) || !norm_bn_nt_store(g, backward)) return 1;
-    int64_t a = row, b = 64;
-    while (b) { const int64_t t = a % b; a = b, b = t; }
-    return g->m % (64 / a) == 0 ? 64 / a : 1;
+    const int64_t k = norm_line_rows(row);
+    return g->m % k == 0 ? k : 1;
   }
   /* first choice: wide rows of whole 64-byte lines (no partial vector at the end of a row,
      whose masked store would share a line with the next row's streaming stores: measured 2x
