@@ -115,15 +115,10 @@ static inline const void *cst_at(const norm_job *jb, const norm_unit *u, int64_t
    NaN, or |a| S would leave the compute type's range (mean / std beyond 2^126 in float),
    S = 1 and rho = b.  rho and c stay in the unit's dcst, in the compute type. */
 
-/* S for the float compute type: the bits of 2^e are b's exponent field alone */
-static inline float lower_scale_f32(float a, float b) {
-  uint32_t ub;
-  memcpy(&ub, &b, sizeof ub);
-  const uint32_t e = (ub >> 23) & 0xffu, us = e - 1u < 254u ? e << 23 : 0x3f800000u;
-  float S;
-  memcpy(&S, &us, sizeof S);
-  return fabsf(a) * S <= 0x1p126f ? S : 1.0f; /* NaN a: 1 */
-}
+/* The float compute type's lowering is the ISA's (norm_chan: chan_vec.inc); the double one
+   follows, the same steps. */
+
+/* S for the double compute type: the bits of 2^e are b's exponent field alone */
 static inline double lower_scale_f64(double a, double b) {
   uint64_t ub;
   memcpy(&ub, &b, sizeof ub);
@@ -133,69 +128,70 @@ static inline double lower_scale_f64(double a, double b) {
   return fabs(a) * S <= 0x1p1022 ? S : 1.0;
 }
 
-/* One body for both compute types T: plain loops over restrict arrays, which the compiler
-   vectorizes (the per-channel work is a tenth of a [64, 1024] backward). */
-#define LOWER_X(T, SCALE)                                                                      \
-  do {                                                                                         \
-    const T *restrict a = (const T *)u->cst + C_A * cs, *restrict b = (const T *)u->cst + C_B * cs; \
-    const T *restrict c = (const T *)u->cst + C_C * cs;                                        \
-    T *restrict xs = (T *)u->kst + C_XS * cs, *restrict xo = (T *)u->kst + C_XO * cs;          \
-    T *restrict rho = (T *)u->dcst, *restrict cc = (T *)u->dcst + ts;                          \
-    for (int64_t j = 0; j < nc; j++) {                                                         \
-      const T S = SCALE(a[j], b[j]);                                                           \
-      xs[j] = S, xo[j] = -a[j] * S, rho[j] = b[j] / S, cc[j] = c[j];                           \
-    }                                                                                          \
-    if (silu) {                                                                                \
-      const T *restrict zs = (const T *)u->cst + C_ZS * cs;                                    \
-      const T *restrict zb = (const T *)u->cst + C_ZB * cs;                                    \
-      T *restrict kzs = (T *)u->kst + C_ZS * cs, *restrict kzb = (T *)u->kst + C_ZB * cs;      \
-      for (int64_t j = 0; j < nc; j++) kzs[j] = zs[j] * rho[j], kzb[j] = zs[j] * cc[j] + zb[j]; \
-    }                                                                                          \
-  } while (0)
-
+/* xs = S, xo = -a S, rho = b / S, and with SiLU the gate's constants on xh */
 static void lower_x(const norm_job *jb, norm_unit *u) {
   const int64_t cs = u->cs, ts = u->ts, nc = u->nc;
-  const int silu = jb->act == BN_ACT_SILU;
-  if (jb->cbytes == 4) LOWER_X(float, lower_scale_f32);
-  else LOWER_X(double, lower_scale_f64);
+  if (jb->cbytes == 4) {
+    const float *c = u->cst;
+    float *k = u->kst, *rho = (float *)u->dcst, *cc = rho + ts;
+    norm_chan()->lower_x(c + C_A * cs, c + C_B * cs, c + C_C * cs, k + C_XS * cs, k + C_XO * cs,
+                         rho, cc, nc);
+    if (jb->act == BN_ACT_SILU)
+      for (int64_t j = 0; j < nc; j++)
+        k[C_ZS * cs + j] = c[C_ZS * cs + j] * rho[j],
+        k[C_ZB * cs + j] = c[C_ZS * cs + j] * cc[j] + c[C_ZB * cs + j];
+    return;
+  }
+  const double *restrict a = (const double *)u->cst + C_A * cs;
+  const double *restrict b = (const double *)u->cst + C_B * cs;
+  const double *restrict c = (const double *)u->cst + C_C * cs;
+  double *restrict xs = (double *)u->kst + C_XS * cs, *restrict xo = (double *)u->kst + C_XO * cs;
+  double *restrict rho = u->dcst, *restrict cc = u->dcst + ts;
+  for (int64_t j = 0; j < nc; j++) {
+    const double S = lower_scale_f64(a[j], b[j]);
+    xs[j] = S, xo[j] = -a[j] * S, rho[j] = b[j] / S, cc[j] = c[j];
+  }
+  if (jb->act == BN_ACT_SILU) {
+    const double *restrict zs = (const double *)u->cst + C_ZS * cs;
+    const double *restrict zb = (const double *)u->cst + C_ZB * cs;
+    double *restrict kzs = (double *)u->kst + C_ZS * cs, *restrict kzb = (double *)u->kst + C_ZB * cs;
+    for (int64_t j = 0; j < nc; j++) kzs[j] = zs[j] * rho[j], kzb[j] = zs[j] * cc[j] + zb[j];
+  }
 }
 
 /* dx = da (g - gm) + db x_hat + dd = da (g - gm) + (db rho) xh + (db c + dd) */
-#define LOWER_BWD(T)                                                                           \
-  do {                                                                                         \
-    const T *restrict o = u->cst, *restrict rho = (const T *)u->dcst;                          \
-    const T *restrict cc = (const T *)u->dcst + ts;                                            \
-    T *restrict k = u->kst;                                                                    \
-    for (int64_t j = 0; j < nc; j++) {                                                         \
-      const T db = o[C_DB * cs + j];                                                           \
-      k[C_GM * cs + j] = o[C_GM * cs + j], k[C_DA * cs + j] = o[C_DA * cs + j];                \
-      k[C_DB * cs + j] = db * rho[j], k[C_DD * cs + j] = db * cc[j] + o[C_DD * cs + j];        \
-    }                                                                                          \
-  } while (0)
-
 static void lower_bwd(const norm_job *jb, norm_unit *u) {
   const int64_t cs = u->cs, ts = u->ts, nc = u->nc;
-  if (jb->cbytes == 4) LOWER_BWD(float);
-  else LOWER_BWD(double);
+  if (jb->cbytes == 4) {
+    const float *rho = (const float *)u->dcst;
+    norm_chan()->lower_bwd(u->cst, rho, rho + ts, u->kst, cs, nc);
+    return;
+  }
+  const double *restrict o = u->cst, *restrict rho = u->dcst, *restrict cc = u->dcst + ts;
+  double *restrict k = u->kst;
+  for (int64_t j = 0; j < nc; j++) {
+    const double db = o[C_DB * cs + j];
+    k[C_GM * cs + j] = o[C_GM * cs + j], k[C_DA * cs + j] = o[C_DA * cs + j];
+    k[C_DB * cs + j] = db * rho[j], k[C_DD * cs + j] = db * cc[j] + o[C_DD * cs + j];
+  }
 }
 
 /* the kernels' sums {g, g xh, xh} over cnt values per channel -> {g, g x_hat, x_hat}; c == 0
    adds nothing (not 0 * Inf: an infinite sum of g keeps its sign in the sum of g x_hat) */
-#define CONVERT_SUMS(T)                                                                        \
-  do {                                                                                         \
-    const T *restrict rho = (const T *)u->dcst, *restrict cc = (const T *)u->dcst + ts;        \
-    for (int64_t j = 0; j < nc; j++) {                                                         \
-      const double c = (double)cc[j];                                                          \
-      t[ts + j] = (double)rho[j] * t[ts + j] + (c != 0.0 ? c * t[j] : 0.0);                    \
-      t[2 * ts + j] = (double)rho[j] * t[2 * ts + j] + c * cnt;                                \
-    }                                                                                          \
-  } while (0)
-
 static void convert_sums(const norm_job *jb, norm_unit *u, double cnt) {
   const int64_t ts = u->ts, nc = u->nc;
   double *restrict t = u->tot;
-  if (jb->cbytes == 4) CONVERT_SUMS(float);
-  else CONVERT_SUMS(double);
+  if (jb->cbytes == 4) {
+    const float *rho = (const float *)u->dcst;
+    norm_chan()->convert_sums(rho, rho + ts, t, t + ts, t + 2 * ts, cnt, nc);
+    return;
+  }
+  const double *restrict rho = u->dcst, *restrict cc = u->dcst + ts;
+  for (int64_t j = 0; j < nc; j++) {
+    const double c = cc[j];
+    t[ts + j] = rho[j] * t[ts + j] + (c != 0.0 ? c * t[j] : 0.0);
+    t[2 * ts + j] = rho[j] * t[2 * ts + j] + c * cnt;
+  }
 }
 
 /* Channels-first segments of a channel: a run (one sample's s values) is cut into chunks of at

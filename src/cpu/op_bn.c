@@ -39,7 +39,8 @@ static int fwd_consts_block(norm_unit *u, int64_t b0, int64_t nb, const double *
 static void finalize_training_f32(norm_job *jb, norm_unit *u) {
   const norm_fwd_args *a = jb->ctx;
   const norm_geom *g = jb->g;
-  const double m = (double)g->m, im = 1.0 / m, eps = g->eps;
+  const norm_chan_ops *chan = norm_chan();
+  const double m = (double)g->m, eps = g->eps;
   const int64_t nc = u->nc, j0 = u->j0, ts = u->ts;
   const double *t1p = u->tot, *t2p = u->tot + ts, *kp = u->tot + 2 * ts;
   const float *gam = a->gamma ? (const float *)a->gamma + j0 : NULL;
@@ -57,16 +58,8 @@ static void finalize_training_f32(norm_job *jb, norm_unit *u) {
   double mean_b[FB], mlo_b[FB], var_b[FB], is_b[FB], sc_b[FB], b_b[FB];
   for (int64_t b0 = 0; b0 < nc; b0 += FB) {
     const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
-    /* the statistics of a block of channels: no branches, no calls (vectorized) */
-    for (int64_t k = 0; k < nb; k++) {
-      const double t1 = t1p[b0 + k], var = norm_var(t2p[b0 + k] - t1 * (t1 * im), m);
-      norm_two_sum(kp[b0 + k], t1 * im, &mean_b[k], &mlo_b[k]);
-      var_b[k] = var;
-      is_b[k] = var + eps;
-    }
-    norm_invsqrt(is_b, is_b, nb); /* norm_invstd: 1 / sqrt(var + eps), but 0 for 0 + 0 */
-    if (eps == 0.0)
-      for (int64_t k = 0; k < nb; k++) is_b[k] = var_b[k] == 0.0 ? 0.0 : is_b[k];
+    /* the statistics of a block of channels, and norm_invstd of their variance */
+    chan->fwd_stats(t1p + b0, t2p + b0, kp + b0, m, eps, mean_b, mlo_b, var_b, is_b, nb);
     param_block(gam ? gam + b0 : NULL, nb, 1.0, sc_b);
     for (int64_t k = 0; k < nb; k++) sc_b[k] *= is_b[k]; /* the scale */
     param_block(bet ? bet + b0 : NULL, nb, 0.0, b_b);
@@ -355,11 +348,15 @@ static void prepare_xhat_f32(norm_job *jb, norm_unit *u) {
   const float *sm = a->mean_d ? NULL : (const float *)a->save_mean + j0;
   const float *si = a->invstd_d ? NULL : (const float *)a->save_invstd + j0;
   const double *md = a->mean_d ? a->mean_d + j0 : NULL, *id = a->invstd_d ? a->invstd_d + j0 : NULL;
-  for (int64_t j = 0; j < nc; j++) {
-    const double mean = md ? md[j] : (double)sm[j], is = id ? id[j] : (double)si[j];
-    const float af = (float)mean;
-    const double lo = mean - (double)af;
-    ca[j] = af, cb[j] = (float)is, cc[j] = (float)(lo == 0.0 ? 0.0 : -lo * is);
+  const norm_chan_ops *chan = norm_chan();
+  enum { FB = 128 };
+  double m_b[FB], i_b[FB];
+  for (int64_t b0 = 0; b0 < nc; b0 += FB) {
+    const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
+    const double *mp = md ? md + b0 : m_b, *ip = id ? id + b0 : i_b;
+    if (!md) param_block(sm + b0, nb, 0.0, m_b);
+    if (!id) param_block(si + b0, nb, 0.0, i_b);
+    chan->xhat_consts(mp, ip, ca + b0, cb + b0, cc + b0, nb);
   }
 }
 
@@ -410,17 +407,24 @@ static void finalize_backward_f32(norm_job *jb, norm_unit *u) {
   float *cdb = (float *)u->cst + C_DB * cs, *cdd = (float *)u->cst + C_DD * cs;
   float *dg = a->dgamma && !jb->quiet ? (float *)a->dgamma + j0 : NULL;
   float *dbt = a->dbeta && !jb->quiet ? (float *)a->dbeta + j0 : NULL;
-  const int xg = a->x != NULL;
-  for (int64_t j = 0; j < nc; j++) {
-    const double sg = t1[j], sgx = t2[j];
-    const double s = xg ? norm_xhat_offset(t3[j], m) : 0.0, S = sgx - s * sg;
-    const double k = (gam ? (double)gam[j] : 1.0) * (id ? id[j] : (double)si[j]);
-    const double mg = sg / m, soc = S / m, db = -k * soc, dd0 = k * s * soc;
-    const float gmf = (float)mg;
-    cgm[j] = gmf, cda[j] = (float)k, cdb[j] = (float)db;
-    cdd[j] = (float)(dd0 + k * ((double)gmf - mg));
-    if (dg) dg[j] = (float)S;
-    if (dbt) dbt[j] = (float)sg;
+  const norm_chan_ops *chan = norm_chan();
+  enum { FB = 128 };
+  double k_b[FB], i_b[FB], S_b[FB];
+  for (int64_t b0 = 0; b0 < nc; b0 += FB) {
+    const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
+    param_block(gam ? gam + b0 : NULL, nb, 1.0, k_b);
+    if (id)
+      for (int64_t k = 0; k < nb; k++) k_b[k] *= id[b0 + k];
+    else {
+      param_block(si + b0, nb, 0.0, i_b);
+      for (int64_t k = 0; k < nb; k++) k_b[k] *= i_b[k];
+    }
+    chan->bwd_consts(t1 + b0, t2 + b0, t3 + b0, k_b, m, a->x != NULL, cgm + b0, cda + b0,
+                     cdb + b0, cdd + b0, S_b, nb);
+    if (dg)
+      for (int64_t k = 0; k < nb; k++) dg[b0 + k] = (float)S_b[k];
+    if (dbt)
+      for (int64_t k = 0; k < nb; k++) dbt[b0 + k] = (float)t1[b0 + k];
   }
 }
 

@@ -8,7 +8,12 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "norm_math.h"
 #include "ukernels.h"
+
+#define CHAN_FN(f) f##_base
+#include "chan_vec.inc"
+#undef CHAN_FN
 
 #define NISA 3
 #define NDT 4
@@ -115,6 +120,18 @@ int norm_fwd_consts(const norm_fwd_block *b, int64_t n) {
     case 1: return norm_fwd_consts_avx2(b, n);
 #endif
     default: return norm_fwd_consts_scalar(b, 0, n);
+  }
+}
+
+const norm_chan_ops *norm_chan(void) {
+  switch (dbl_isa()) {
+#ifdef NORMA_HAVE_AVX512
+    case 2: return &norm_chan_ops_avx512;
+#endif
+#ifdef NORMA_HAVE_AVX2
+    case 1: return &norm_chan_ops_avx2;
+#endif
+    default: return &norm_chan_ops_base;
   }
 }
 

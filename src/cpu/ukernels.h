@@ -251,4 +251,25 @@ int norm_fwd_consts_avx2(const norm_fwd_block *b, int64_t n);
 int norm_fwd_consts_avx512(const norm_fwd_block *b, int64_t n);
 int norm_fwd_consts_scalar(const norm_fwd_block *b, int64_t i, int64_t n);
 
+/* The per-channel arithmetic between a reduction and its apply, for float constants
+   (chan_vec.inc has each function's meaning), one copy per ISA: norm_chan() returns the
+   widest copy the current ISA runs.  Every copy gives the bits of the scalar one. */
+typedef struct norm_chan_ops {
+  void (*fwd_stats)(const double *t1, const double *t2, const double *k, double m, double eps,
+                    double *mean, double *mlo, double *var, double *is, int64_t n);
+  void (*xhat_consts)(const double *mean, const double *is, float *ca, float *cb, float *cc,
+                      int64_t n);
+  void (*bwd_consts)(const double *t1, const double *t2, const double *t3, const double *kk,
+                     double m, int xg, float *cgm, float *cda, float *cdb, float *cdd,
+                     double *S_out, int64_t n);
+  void (*lower_x)(const float *a, const float *b, const float *c, float *xs, float *xo,
+                  float *rho, float *cc, int64_t n);
+  void (*lower_bwd)(const float *o, const float *rho, const float *cc, float *k, int64_t cs,
+                    int64_t n);
+  void (*convert_sums)(const float *rho, const float *cc, const double *t1, double *t2,
+                       double *t3, double cnt, int64_t n);
+} norm_chan_ops;
+const norm_chan_ops *norm_chan(void);
+extern const norm_chan_ops norm_chan_ops_base, norm_chan_ops_avx2, norm_chan_ops_avx512;
+
 #endif

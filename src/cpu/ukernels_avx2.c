@@ -5,6 +5,11 @@
 #define VEC_TABLE_FN bn_ukernels_avx2
 #include "ukernels_vec.inc"
 
+#include "norm_math.h"
+#define CHAN_FN(f) f##_avx2
+#include "chan_vec.inc"
+#undef CHAN_FN
+
 /* norm_invsqrt (ukernels.h) in 4 lanes: AVX has the 256-bit double square root and division */
 void norm_invsqrt_avx2(const double *v, double *out, int64_t n) {
   int64_t i = 0;

@@ -5,6 +5,11 @@
 #define VEC_TABLE_FN bn_ukernels_avx512
 #include "ukernels_vec.inc"
 
+#include "norm_math.h"
+#define CHAN_FN(f) f##_avx512
+#include "chan_vec.inc"
+#undef CHAN_FN
+
 /* norm_invsqrt (ukernels.h) in 8 lanes */
 void norm_invsqrt_avx512(const double *v, double *out, int64_t n) {
   int64_t i = 0;
