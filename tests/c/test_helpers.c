@@ -5,6 +5,10 @@
  * beta - lo * scale), scales and shifts finite in double but not in float (the slow flag), NaN
  * and infinite parameters, and subnormal and huge variances.  The scalar loop itself is checked
  * against the formula written out here.  NaNs compare equal whatever their sign and payload.
+ *
+ * Likewise the per-channel ops of chan_vec.inc (norm_chan_ops): the AVX2 and AVX-512 copies
+ * against the baseline copy, and the baseline copy against the formulas written out here, on
+ * zeros of both signs, subnormals, huge values, infinities and NaNs in every input.
  */
 #include <float.h>
 #include <math.h>
@@ -110,17 +114,144 @@ static void check_isa(const char *isa, consts_fn fc, invsqrt_fn fi) {
   }
 }
 
+/* ---- chan_vec.inc ------------------------------------------------------------------------ */
+
+static const double DV[] = {0.0, -0.0, 1.0, -3.25, 1e-300, 4.9e-324, 1e300, HUGE_VAL, -HUGE_VAL,
+                            NAN, 1e-3, 7e5, 3.0000001, -1e-9, 2.0, 0.0625, -0.07, 1e39};
+static const float FV[] = {0.0f, -0.0f, 1.0f, -3.25f, 1e-45f, 1e-38f, 3e38f, INFINITY, -INFINITY,
+                           NAN, 1e-3f, 7e5f, 0.5f, -2.0f, 1.5f};
+enum { ND = sizeof DV / sizeof DV[0], NF = sizeof FV / sizeof FV[0] };
+
+typedef struct chan_io {
+  double d[8][N]; /* inputs (0-3) and double outputs (4-7) */
+  float f[16][N]; /* float inputs (0-3) and outputs (4-15) */
+} chan_io;
+
+/* seed 0-2: the special values in every column, shifted per input; 3+: ordinary values */
+static void chan_fill(chan_io *io, int seed) {
+  memset(io, 0x5a, sizeof *io);
+  for (int k = 0; k < N; k++)
+    for (int a = 0; a < 4; a++) {
+      const int i = k * (a + 1) + seed * 5 + a;
+      io->d[a][k] = seed < 3 ? DV[i % ND] : 0.37 * (i % 11) - 1.2 + 1e-9 * a;
+      io->f[a][k] = seed < 3 ? FV[i % NF] : 0.25f * (float)(i % 7) + 0.5f;
+    }
+}
+
+static int same_io(const chan_io *a, const chan_io *b) {
+  int ok = 1;
+  for (int r = 0; r < 8; r++)
+    for (int k = 0; k < N; k++) ok &= same_d(a->d[r][k], b->d[r][k]);
+  for (int r = 0; r < 16; r++)
+    for (int k = 0; k < N; k++) ok &= same_f(a->f[r][k], b->f[r][k]);
+  return ok;
+}
+
+/* runs op `which` of ops on io (n channels) */
+static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, double m, double eps) {
+  double(*d)[N] = io->d;
+  float(*f)[N] = io->f;
+  switch (which) {
+    case 0: o->fwd_stats(d[0], d[1], d[2], m, eps, d[4], d[5], d[6], d[7], n); break;
+    case 1: o->xhat_consts(d[0], d[1], f[4], f[5], f[6], n); break;
+    case 2: o->bwd_consts(d[0], d[1], d[2], d[3], m, eps != 0.0, f[4], f[5], f[6], f[7], d[4], n); break;
+    case 3: o->lower_x(f[0], f[1], f[2], f[4], f[5], f[6], f[7], n); break;
+    case 4: /* o: [C_COUNT][cs] with cs = N, the four backward rows at C_GM .. C_DD */
+    {
+      static float ko[C_COUNT][N], kk[C_COUNT][N];
+      for (int r = 0; r < C_COUNT; r++)
+        for (int k = 0; k < N; k++) ko[r][k] = f[r % 4][(k + r) % N], kk[r][k] = -9.0f;
+      o->lower_bwd(&ko[0][0], f[1], f[2], &kk[0][0], N, n);
+      for (int k = 0; k < N; k++)
+        f[4][k] = kk[C_GM][k], f[5][k] = kk[C_DA][k], f[6][k] = kk[C_DB][k], f[7][k] = kk[C_DD][k];
+      break;
+    }
+    default: o->convert_sums(f[0], f[1], d[0], d[1], d[2], m, n); break;
+  }
+}
+
+/* the baseline copy against the formulas of the engine and op_bn.c, written out */
+static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, double m, double eps) {
+  for (int k = 0; k < n; k++) {
+    const double *d0 = in->d[0], *d1 = in->d[1], *d2 = in->d[2], *d3 = in->d[3];
+    const float *f0 = in->f[0], *f1 = in->f[1], *f2 = in->f[2];
+    if (which == 0) {
+      const double a = d0[k], v0 = (d1[k] - a * (a * (1.0 / m))) / m, v = v0 < 0.0 ? 0.0 : v0;
+      const double s = d2[k] + a * (1.0 / m), bb = s - d2[k];
+      const double is = (v == 0.0 && eps == 0.0) ? 0.0 : 1.0 / sqrt(v + eps);
+      TU_CHECK(same_d(o->d[4][k], s) && same_d(o->d[5][k], (d2[k] - (s - bb)) + (a * (1.0 / m) - bb)) &&
+                   same_d(o->d[6][k], v) && same_d(o->d[7][k], is),
+               "fwd_stats formula, channel %d", k);
+    } else if (which == 1) {
+      const float af = (float)d0[k];
+      const double lo = d0[k] - (double)af;
+      TU_CHECK(same_f(o->f[4][k], af) && same_f(o->f[5][k], (float)d1[k]) &&
+                   same_f(o->f[6][k], (float)(lo == 0.0 ? 0.0 : -lo * d1[k])),
+               "xhat_consts formula, channel %d", k);
+    } else if (which == 2) {
+      const double sx = d2[k] / m;
+      const double s = eps != 0.0 && sx <= 0.0625 && sx >= -0.0625 ? sx : 0.0, S = d1[k] - s * d0[k];
+      const double kk = d3[k], mg = d0[k] / m, soc = S / m;
+      const float gmf = (float)mg;
+      TU_CHECK(same_f(o->f[4][k], gmf) && same_f(o->f[5][k], (float)kk) &&
+                   same_f(o->f[6][k], (float)(-kk * soc)) &&
+                   same_f(o->f[7][k], (float)(kk * s * soc + kk * ((double)gmf - mg))) &&
+                   same_d(o->d[4][k], S),
+               "bwd_consts formula, channel %d", k);
+    } else if (which == 5) {
+      const double c = f1[k];
+      TU_CHECK(same_d(o->d[1][k], (double)f0[k] * d1[k] + (c != 0.0 ? c * d0[k] : 0.0)) &&
+                   same_d(o->d[2][k], (double)f0[k] * d2[k] + c * m),
+               "convert_sums formula, channel %d", k);
+    } else if (which == 3) {
+      uint32_t ub;
+      memcpy(&ub, &f1[k], sizeof ub);
+      const uint32_t e = (ub >> 23) & 0xffu, us = e - 1u < 254u ? e << 23 : 0x3f800000u;
+      float S;
+      memcpy(&S, &us, sizeof S);
+      if (!(fabsf(f0[k]) * S <= 0x1p126f)) S = 1.0f;
+      TU_CHECK(same_f(o->f[4][k], S) && same_f(o->f[5][k], -f0[k] * S) &&
+                   same_f(o->f[6][k], f1[k] / S) && same_f(o->f[7][k], f2[k]),
+               "lower_x formula, channel %d", k);
+    }
+  }
+}
+
+static void check_chan(const char *isa, const norm_chan_ops *ops) {
+  for (int which = 0; which < 6; which++)
+    for (int seed = 0; seed < 6; seed++)
+      for (int n = 0; n <= N; n++) {
+        /* m: values per channel; eps (0 or 1e-5; bwd_consts: x given or not) */
+        const double m = seed % 2 ? 3.0 : 49.0, eps = seed % 3 == 1 ? 0.0 : 1e-5;
+        chan_io a, b;
+        chan_fill(&a, seed), chan_fill(&b, seed);
+        const chan_io in = a;
+        chan_run(&norm_chan_ops_base, which, &a, n, m, eps);
+        if (!ops) {
+          chan_formula(which, &in, &a, n, m, eps);
+          continue;
+        }
+        chan_run(ops, which, &b, n, m, eps);
+        TU_CHECK(same_io(&a, &b), "%s: chan op %d differs from the baseline copy (seed %d, n %d)",
+                 isa, which, seed, n);
+      }
+}
+
 int main(void) {
   check_isa("scalar", NULL, NULL);
+  check_chan("baseline", NULL);
   int ran = 1;
 #if defined(__x86_64__) || defined(_M_X64)
   const norma_cpu_features *f = norma__cpu_features();
 #ifdef NORMA_TEST_HAVE_AVX2
-  if (norma__cpu_has_avx2_kernels(f)) check_isa("avx2", norm_fwd_consts_avx2, norm_invsqrt_avx2), ran++;
+  if (norma__cpu_has_avx2_kernels(f))
+    check_isa("avx2", norm_fwd_consts_avx2, norm_invsqrt_avx2),
+        check_chan("avx2", &norm_chan_ops_avx2), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
   if (norma__cpu_has_avx512_kernels(f))
-    check_isa("avx512", norm_fwd_consts_avx512, norm_invsqrt_avx512), ran++;
+    check_isa("avx512", norm_fwd_consts_avx512, norm_invsqrt_avx512),
+        check_chan("avx512", &norm_chan_ops_avx512), ran++;
 #endif
   (void)f;
 #endif
