@@ -308,21 +308,16 @@ static inline void absorb(const norm_job *jb, double *tot, int64_t ts, int64_t j
 }
 
 /* absorb for channels [0, nc) at once: tot[j] absorbs s[j] (k * stride apart) of cnt values
-   each; straight loops over the channels (vectorized), the same operations as absorb */
+   each; the same operations as absorb, in the ISA's loops (norm_chan) */
 static void absorb_all(const norm_job *jb, double *tot, int64_t ts, int64_t nc, int first,
                        const double *s, int64_t stride, double cnt) {
   double *t1 = tot, *t2 = tot + ts, *t3 = tot + 2 * ts;
   const double *s1 = s, *s2 = s + stride, *s3 = s + 2 * stride;
   if (first) {
-    for (int64_t j = 0; j < nc; j++) t1[j] = s1[j], t2[j] = s2[j], t3[j] = s3[j];
-  } else if (jb->nsums == SUMS_STATS) {
-    for (int64_t j = 0; j < nc; j++) {
-      double a, b;
-      bn_stats_shift(s3[j], t3[j], s1[j], s2[j], cnt, &a, &b);
-      t1[j] += a, t2[j] += b;
-    }
+    memcpy(t1, s1, (size_t)nc * sizeof *t1), memcpy(t2, s2, (size_t)nc * sizeof *t2);
+    memcpy(t3, s3, (size_t)nc * sizeof *t3);
   } else {
-    for (int64_t j = 0; j < nc; j++) t1[j] += s1[j], t2[j] += s2[j], t3[j] += s3[j];
+    norm_chan()->absorb(jb->nsums == SUMS_STATS, t1, t2, t3, s1, s2, s3, cnt, nc);
   }
 }
 

@@ -268,6 +268,8 @@ typedef struct norm_chan_ops {
                     int64_t n);
   void (*convert_sums)(const float *rho, const float *cc, const double *t1, double *t2,
                        double *t3, double cnt, int64_t n);
+  void (*absorb)(int stats, double *t1, double *t2, double *t3, const double *s1,
+                 const double *s2, const double *s3, double cnt, int64_t n);
 } norm_chan_ops;
 const norm_chan_ops *norm_chan(void);
 extern const norm_chan_ops norm_chan_ops_base, norm_chan_ops_avx2, norm_chan_ops_avx512;

@@ -166,7 +166,11 @@ static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, doub
         f[4][k] = kk[C_GM][k], f[5][k] = kk[C_DA][k], f[6][k] = kk[C_DB][k], f[7][k] = kk[C_DD][k];
       break;
     }
-    default: o->convert_sums(f[0], f[1], d[0], d[1], d[2], m, n); break;
+    case 5: o->convert_sums(f[0], f[1], d[0], d[1], d[2], m, n); break;
+    default: /* absorb (6: the statistics' merge, 7: the backward's sums) into totals d[4..6] */
+      for (int k = 0; k < N; k++) d[4][k] = d[3][k], d[5][k] = d[0][k] * 0.5, d[6][k] = d[1][k] + 1.0;
+      o->absorb(which == 6, d[4], d[5], d[6], d[0], d[1], d[2], m, n);
+      break;
   }
 }
 
@@ -203,6 +207,13 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
       TU_CHECK(same_d(o->d[1][k], (double)f0[k] * d1[k] + (c != 0.0 ? c * d0[k] : 0.0)) &&
                    same_d(o->d[2][k], (double)f0[k] * d2[k] + c * m),
                "convert_sums formula, channel %d", k);
+    } else if (which >= 6) {
+      const double T1 = d3[k], T2 = d0[k] * 0.5, T3 = d1[k] + 1.0, delta = d2[k] - T3, ld = m * delta;
+      const double w1 = which == 6 ? T1 + (d0[k] + ld) : T1 + d0[k];
+      const double w2 = which == 6 ? T2 + (d1[k] + 2.0 * delta * d0[k] + ld * delta) : T2 + d1[k];
+      const double w3 = which == 6 ? T3 : T3 + d2[k];
+      TU_CHECK(same_d(o->d[4][k], w1) && same_d(o->d[5][k], w2) && same_d(o->d[6][k], w3),
+               "absorb formula (%s), channel %d", which == 6 ? "stats" : "sums", k);
     } else if (which == 3) {
       uint32_t ub;
       memcpy(&ub, &f1[k], sizeof ub);
@@ -218,7 +229,7 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
 }
 
 static void check_chan(const char *isa, const norm_chan_ops *ops) {
-  for (int which = 0; which < 6; which++)
+  for (int which = 0; which < 8; which++)
     for (int seed = 0; seed < 6; seed++)
       for (int n = 0; n <= N; n++) {
         /* m: values per channel; eps (0 or 1e-5; bwd_consts: x given or not) */
