@@ -60,21 +60,12 @@ static void finalize_training_f32(norm_job *jb, norm_unit *u) {
     const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
     /* the statistics of a block of channels, and norm_invstd of their variance */
     chan->fwd_stats(t1p + b0, t2p + b0, kp + b0, m, eps, mean_b, mlo_b, var_b, is_b, nb);
-    param_block(gam ? gam + b0 : NULL, nb, 1.0, sc_b);
-    for (int64_t k = 0; k < nb; k++) sc_b[k] *= is_b[k]; /* the scale */
-    param_block(bet ? bet + b0 : NULL, nb, 0.0, b_b);
+    /* the scale and shift's inputs, the saved and running statistics */
+    const norm_fwd_tail ft = {mean_b, var_b, is_b, gam ? gam + b0 : NULL, bet ? bet + b0 : NULL,
+                              sc_b, b_b, sm ? sm + b0 : NULL, si ? si + b0 : NULL,
+                              rm ? rm + b0 : NULL, rv ? rv + b0 : NULL, wo, wn, m, biased};
+    chan->fwd_tail(&ft, nb);
     slow |= fwd_consts_block(u, b0, nb, mean_b, mlo_b, sc_b, b_b);
-    if (sm)
-      for (int64_t k = 0; k < nb; k++) sm[b0 + k] = (float)mean_b[k];
-    if (si)
-      for (int64_t k = 0; k < nb; k++) si[b0 + k] = (float)is_b[k];
-    if (rm)
-      for (int64_t k = 0; k < nb; k++) rm[b0 + k] = (float)(wo * (double)rm[b0 + k] + wn * mean_b[k]);
-    if (rv)
-      for (int64_t k = 0; k < nb; k++) {
-        const double var = var_b[k];
-        rv[b0 + k] = (float)(wo * (double)rv[b0 + k] + wn * (biased ? var : var * m / (m - 1.0)));
-      }
   }
   if (slow) u->slow = 1;
 }
@@ -104,9 +95,9 @@ static void finalize_training(norm_job *jb, norm_unit *u) {
 }
 
 /* finalize_inference for float constants and parameters: norm_set_fwd_consts's arithmetic (a
-   float mean has no low part), in blocks of channels: 1 / sqrt and the constants by the ISA's
-   double-precision helpers (ukernels.h).  One channel at a time it cost an [N, 4096]
-   inference 15 us (serial, before the apply). */
+   float mean has no low part), in blocks of channels: the inputs (infer_prep) and the
+   constants by the ISA's double-precision helpers (ukernels.h).  One channel at a time it
+   cost an [N, 4096] inference 15 us (serial, before the apply). */
 static void finalize_inference_f32(norm_job *jb, norm_unit *u) {
   const norm_fwd_args *a = jb->ctx;
   const double eps = jb->g->eps;
@@ -115,18 +106,14 @@ static void finalize_inference_f32(norm_job *jb, norm_unit *u) {
   const float *vi = a->var_in ? (const float *)a->var_in + j0 : NULL;
   const float *gam = a->gamma ? (const float *)a->gamma + j0 : NULL;
   const float *bet = a->beta ? (const float *)a->beta + j0 : NULL;
+  const norm_chan_ops *chan = norm_chan();
   int slow = 0;
   enum { FB = 128 };
-  double is_b[FB], m_b[FB], g_b[FB], b_b[FB], z_b[FB] = {0};
+  double m_b[FB], g_b[FB], b_b[FB], z_b[FB] = {0};
   for (int64_t b0 = 0; b0 < nc; b0 += FB) {
     const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
-    param_block(vi ? vi + b0 : NULL, nb, 0.0, is_b);
-    for (int64_t k = 0; k < nb; k++) is_b[k] += eps;
-    norm_invsqrt(is_b, is_b, nb);
-    param_block(gam ? gam + b0 : NULL, nb, 1.0, g_b);
-    for (int64_t k = 0; k < nb; k++) g_b[k] *= is_b[k]; /* the scale */
-    param_block(mi ? mi + b0 : NULL, nb, 0.0, m_b);
-    param_block(bet ? bet + b0 : NULL, nb, 0.0, b_b);
+    chan->infer_prep(mi ? mi + b0 : NULL, vi ? vi + b0 : NULL, gam ? gam + b0 : NULL,
+                     bet ? bet + b0 : NULL, eps, m_b, g_b, b_b, nb);
     slow |= fwd_consts_block(u, b0, nb, m_b, z_b, g_b, b_b);
   }
   if (slow) u->slow = 1;

@@ -85,19 +85,6 @@ static int dbl_isa(void) {
   return 0;
 }
 
-void norm_invsqrt(const double *v, double *out, int64_t n) {
-  switch (dbl_isa()) {
-#ifdef NORMA_HAVE_AVX512
-    case 2: norm_invsqrt_avx512(v, out, n); return;
-#endif
-#ifdef NORMA_HAVE_AVX2
-    case 1: norm_invsqrt_avx2(v, out, n); return;
-#endif
-    default:
-      for (int64_t i = 0; i < n; i++) out[i] = 1.0 / sqrt(v[i]);
-  }
-}
-
 int norm_fwd_consts_scalar(const norm_fwd_block *b, int64_t i, int64_t n) {
   int slow = 0;
   for (; i < n; i++) {

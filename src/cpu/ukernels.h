@@ -228,13 +228,6 @@ const bn_ukernels *bn_ukernels_for(norma_isa isa, norma_dtype t);
 /* The ISA whose kernels bn_ukernels_for(norma__isa(), t) mostly runs (query_plan). */
 norma_isa bn_ukernels_isa(norma_isa isa, norma_dtype t);
 
-/* out[i] = 1 / sqrt(v[i]) for i < n (out may be v), in double: IEEE square root and division,
-   so every ISA gives the bits of the scalar loop.  The finalize of a BatchNorm takes one per
-   channel; 4096 of them took 14 us serially with SSE2, 1.7 us with AVX-512. */
-void norm_invsqrt(const double *v, double *out, int64_t n);
-void norm_invsqrt_avx2(const double *v, double *out, int64_t n);
-void norm_invsqrt_avx512(const double *v, double *out, int64_t n);
-
 /* The forward constants of n channels with float constants (engine.h, norm_set_fwd_consts):
    the mean mean[k] + mlo[k] is split into mhi = (float)mean[k] and lo = (mean[k] - mhi) +
    mlo[k]; shift = beta[k] - lo * scale[k] (beta[k] when lo is 0: no 0 * Inf).  Writes
@@ -254,6 +247,19 @@ int norm_fwd_consts_scalar(const norm_fwd_block *b, int64_t i, int64_t n);
 /* The per-channel arithmetic between a reduction and its apply, for float constants
    (chan_vec.inc has each function's meaning), one copy per ISA: norm_chan() returns the
    widest copy the current ISA runs.  Every copy gives the bits of the scalar one. */
+/* the arguments of norm_chan_ops.fwd_tail: inputs mean, var, is (n doubles) and gamma, beta
+   (floats or NULL); outputs scale, beta_d (n doubles) and the floats save_mean, save_invstd,
+   run_mean, run_var (each NULL when not wanted; run_* updated with w_old, w_new, and the
+   variance made unbiased over m values unless biased) */
+typedef struct norm_fwd_tail {
+  const double *mean, *var, *is;
+  const float *gamma, *beta;
+  double *scale, *beta_d;
+  float *save_mean, *save_invstd, *run_mean, *run_var;
+  double w_old, w_new, m;
+  int biased;
+} norm_fwd_tail;
+
 typedef struct norm_chan_ops {
   void (*fwd_stats)(const double *t1, const double *t2, const double *k, double m, double eps,
                     double *mean, double *mlo, double *var, double *is, int64_t n);
@@ -270,6 +276,9 @@ typedef struct norm_chan_ops {
                        double *t3, double cnt, int64_t n);
   void (*absorb)(int stats, double *t1, double *t2, double *t3, const double *s1,
                  const double *s2, const double *s3, double cnt, int64_t n);
+  void (*fwd_tail)(const norm_fwd_tail *t, int64_t n);
+  void (*infer_prep)(const float *mean, const float *var, const float *gamma, const float *beta,
+                     double eps, double *m_out, double *sc_out, double *b_out, int64_t n);
 } norm_chan_ops;
 const norm_chan_ops *norm_chan(void);
 extern const norm_chan_ops norm_chan_ops_base, norm_chan_ops_avx2, norm_chan_ops_avx512;

@@ -10,14 +10,6 @@
 #include "chan_vec.inc"
 #undef CHAN_FN
 
-/* norm_invsqrt (ukernels.h) in 4 lanes: AVX has the 256-bit double square root and division */
-void norm_invsqrt_avx2(const double *v, double *out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    _mm256_storeu_pd(out + i, _mm256_div_pd(_mm256_set1_pd(1.0), _mm256_sqrt_pd(_mm256_loadu_pd(v + i))));
-  for (; i < n; i++) out[i] = 1.0 / sqrt(v[i]);
-}
-
 /* norm_fwd_consts (ukernels.h) in 4 lanes */
 int norm_fwd_consts_avx2(const norm_fwd_block *b, int64_t n) {
   const __m256d zero = _mm256_setzero_pd(), big = _mm256_set1_pd(FLT_MAX),

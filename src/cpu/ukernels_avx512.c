@@ -10,14 +10,6 @@
 #include "chan_vec.inc"
 #undef CHAN_FN
 
-/* norm_invsqrt (ukernels.h) in 8 lanes */
-void norm_invsqrt_avx512(const double *v, double *out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm512_storeu_pd(out + i, _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_sqrt_pd(_mm512_loadu_pd(v + i))));
-  for (; i < n; i++) out[i] = 1.0 / sqrt(v[i]);
-}
-
 /* norm_fwd_consts (ukernels.h) in 8 lanes */
 int norm_fwd_consts_avx512(const norm_fwd_block *b, int64_t n) {
   const __m512d zero = _mm512_setzero_pd(), big = _mm512_set1_pd(FLT_MAX),

@@ -1,10 +1,10 @@
-/* test_helpers.c - the double-precision helpers of the finalize (src/cpu/ukernels.h):
- * norm_invsqrt and norm_fwd_consts.  Each ISA version the CPU runs must give the bits of the
- * scalar loop, on every length up to 40 (every tail of 4 and 8 lanes) and on the values that
- * take the special branches: a mean whose low part is 0, NaN or an infinity (shift = beta, or
- * beta - lo * scale), scales and shifts finite in double but not in float (the slow flag), NaN
- * and infinite parameters, and subnormal and huge variances.  The scalar loop itself is checked
- * against the formula written out here.  NaNs compare equal whatever their sign and payload.
+/* test_helpers.c - the double-precision helpers of the finalize (src/cpu/ukernels.h).
+ * norm_fwd_consts: each ISA version the CPU runs must give the bits of the scalar loop, on
+ * every length up to 40 (every tail of 4 and 8 lanes) and on the values that take the special
+ * branches: a mean whose low part is 0, NaN or an infinity (shift = beta, or beta - lo *
+ * scale), scales and shifts finite in double but not in float (the slow flag), NaN and
+ * infinite parameters.  The scalar loop itself is checked against the formula written out
+ * here.  NaNs compare equal whatever their sign and payload.
  *
  * Likewise the per-channel ops of chan_vec.inc (norm_chan_ops): the AVX2 and AVX-512 copies
  * against the baseline copy, and the baseline copy against the formulas written out here, on
@@ -43,17 +43,16 @@ static norm_fwd_block block_of(const double *mean, const double *mlo, const doub
 }
 
 /* case k of the input columns: cycles through the special values */
-static void fill(int seed, double *mean, double *mlo, double *sc, double *beta, double *var) {
+static void fill(int seed, double *mean, double *mlo, double *sc, double *beta) {
   static const double means[] = {0.0, 1.0, -3.25, 1e-3, 0.1, 1e30, -1e-40, HUGE_VAL, -HUGE_VAL,
                                  NAN, 3.0000001, 7e5};
   static const double los[] = {0.0, 0.0, 1e-12, -1e-9, 0.0, NAN, 0.0, 1e-20};
   static const double scs[] = {1.0, 0.5, -2.0, 1e39, -1e300, HUGE_VAL, NAN, 3.5e38, 0.0, 1e-45};
   static const double betas[] = {0.0, 1.0, -0.5, 1e39, NAN, -HUGE_VAL, 2.0, -3.4e38};
-  static const double vars[] = {1.0, 0.0, 1e-300, 4.9e-324, 1e300, 2.0, 0.25, HUGE_VAL, NAN, 1e-5};
   for (int k = 0; k < N; k++) {
     const int i = k + seed;
     mean[k] = means[i % 12], mlo[k] = los[(i / 2) % 8], sc[k] = scs[(i * 7) % 10];
-    beta[k] = betas[(i * 3) % 8], var[k] = vars[(i * 5) % 10];
+    beta[k] = betas[(i * 3) % 8];
   }
 }
 
@@ -74,12 +73,11 @@ static void check_scalar_formula(const double *mean, const double *mlo, const do
 }
 
 typedef int (*consts_fn)(const norm_fwd_block *, int64_t);
-typedef void (*invsqrt_fn)(const double *, double *, int64_t);
 
-static void check_isa(const char *isa, consts_fn fc, invsqrt_fn fi) {
-  double mean[N], mlo[N], sc[N], beta[N], var[N], r[N];
+static void check_isa(const char *isa, consts_fn fc) {
+  double mean[N], mlo[N], sc[N], beta[N];
   for (int seed = 0; seed < 48; seed++) {
-    fill(seed, mean, mlo, sc, beta, var);
+    fill(seed, mean, mlo, sc, beta);
     /* seeds past 12: ordinary values but one lane, which is slow (kinds 0, 3) or not */
     if (seed >= 12) {
       for (int k = 0; k < N; k++) sc[k] = 1.0 + k, beta[k] = 0.5, mlo[k] = 0.0, mean[k] = k;
@@ -102,14 +100,6 @@ static void check_isa(const char *isa, consts_fn fc, invsqrt_fn fi) {
       TU_CHECK(same_outs(&a, &b), "%s: norm_fwd_consts differs from scalar (seed %d, n %d)",
                isa, seed, n);
       TU_CHECK(!sa == !sb, "%s: slow flag %d, scalar %d (seed %d, n %d)", isa, sb, sa, seed, n);
-    }
-    for (int n = 0; n <= N; n++) {
-      for (int k = 0; k < N; k++) r[k] = -7.0;
-      if (fi) fi(var, r, n);
-      else norm_invsqrt(var, r, n);
-      for (int k = 0; k < N; k++)
-        TU_CHECK(same_d(r[k], k < n ? 1.0 / sqrt(var[k]) : -7.0), "%s: invsqrt[%d] of %g (n %d)",
-                 isa, k, var[k], n);
     }
   }
 }
@@ -167,6 +157,22 @@ static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, doub
       break;
     }
     case 5: o->convert_sums(f[0], f[1], d[0], d[1], d[2], m, n); break;
+    case 9: /* infer_prep from float inputs; all NULL on odd seeds */
+    {
+      const int null = m == 3.0;
+      o->infer_prep(null ? NULL : f[0], null ? NULL : f[1], null ? NULL : f[2],
+                    null ? NULL : f[3], eps, d[4], d[5], d[6], n);
+      break;
+    }
+    case 8: /* fwd_tail; gamma and beta NULL on odd seeds (m odd), biased when eps is 0 */
+    {
+      const int null = m == 3.0;
+      for (int k = 0; k < N; k++) f[6][k] = f[2][k], f[7][k] = f[3][k];
+      const norm_fwd_tail t = {d[0], d[1], d[2], null ? NULL : f[0], null ? NULL : f[1], d[4],
+                               d[5], f[4], f[5], f[6], f[7], 0.9, 0.1, m, eps == 0.0};
+      o->fwd_tail(&t, n);
+      break;
+    }
     default: /* absorb (6: the statistics' merge, 7: the backward's sums) into totals d[4..6] */
       for (int k = 0; k < N; k++) d[4][k] = d[3][k], d[5][k] = d[0][k] * 0.5, d[6][k] = d[1][k] + 1.0;
       o->absorb(which == 6, d[4], d[5], d[6], d[0], d[1], d[2], m, n);
@@ -207,6 +213,22 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
       TU_CHECK(same_d(o->d[1][k], (double)f0[k] * d1[k] + (c != 0.0 ? c * d0[k] : 0.0)) &&
                    same_d(o->d[2][k], (double)f0[k] * d2[k] + c * m),
                "convert_sums formula, channel %d", k);
+    } else if (which == 9) {
+      const int null = m == 3.0;
+      const double is = 1.0 / sqrt((null ? 0.0 : (double)f1[k]) + eps);
+      TU_CHECK(same_d(o->d[4][k], null ? 0.0 : (double)f0[k]) &&
+                   same_d(o->d[5][k], null ? is : (double)f2[k] * is) &&
+                   same_d(o->d[6][k], null ? 0.0 : (double)in->f[3][k]),
+               "infer_prep formula, channel %d", k);
+    } else if (which == 8) {
+      const int null = m == 3.0;
+      const double sc = null ? d2[k] : (double)f0[k] * d2[k], be = null ? 0.0 : (double)f1[k];
+      const double v = eps == 0.0 ? d1[k] : d1[k] * m / (m - 1.0);
+      TU_CHECK(same_d(o->d[4][k], sc) && same_d(o->d[5][k], be) &&
+                   same_f(o->f[4][k], (float)d0[k]) && same_f(o->f[5][k], (float)d2[k]) &&
+                   same_f(o->f[6][k], (float)(0.9 * (double)f2[k] + 0.1 * d0[k])) &&
+                   same_f(o->f[7][k], (float)(0.9 * (double)in->f[3][k] + 0.1 * v)),
+               "fwd_tail formula, channel %d", k);
     } else if (which >= 6) {
       const double T1 = d3[k], T2 = d0[k] * 0.5, T3 = d1[k] + 1.0, delta = d2[k] - T3, ld = m * delta;
       const double w1 = which == 6 ? T1 + (d0[k] + ld) : T1 + d0[k];
@@ -229,7 +251,7 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
 }
 
 static void check_chan(const char *isa, const norm_chan_ops *ops) {
-  for (int which = 0; which < 8; which++)
+  for (int which = 0; which < 10; which++)
     for (int seed = 0; seed < 6; seed++)
       for (int n = 0; n <= N; n++) {
         /* m: values per channel; eps (0 or 1e-5; bwd_consts: x given or not) */
@@ -249,19 +271,19 @@ static void check_chan(const char *isa, const norm_chan_ops *ops) {
 }
 
 int main(void) {
-  check_isa("scalar", NULL, NULL);
+  check_isa("scalar", NULL);
   check_chan("baseline", NULL);
   int ran = 1;
 #if defined(__x86_64__) || defined(_M_X64)
   const norma_cpu_features *f = norma__cpu_features();
 #ifdef NORMA_TEST_HAVE_AVX2
   if (norma__cpu_has_avx2_kernels(f))
-    check_isa("avx2", norm_fwd_consts_avx2, norm_invsqrt_avx2),
+    check_isa("avx2", norm_fwd_consts_avx2),
         check_chan("avx2", &norm_chan_ops_avx2), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
   if (norma__cpu_has_avx512_kernels(f))
-    check_isa("avx512", norm_fwd_consts_avx512, norm_invsqrt_avx512),
+    check_isa("avx512", norm_fwd_consts_avx512),
         check_chan("avx512", &norm_chan_ops_avx512), ran++;
 #endif
   (void)f;
