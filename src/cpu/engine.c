@@ -265,8 +265,8 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
       const int64_t ncc = nc - jc < NORM_ROWS_CHUNK ? nc - jc : NORM_ROWS_CHUNK, ja = j0 + jc;
       const int64_t e = r0 * g->c + ja;
       jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), r1 - r0,
-                            g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs, jb->act | jb->pf, blk[0],
-                            blk[1], blk[2]);
+                            g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs,
+                            jb->act | jb->pf | jb->seq, blk[0], blk[1], blk[2]);
       for (int k = 0; k < 3; k++)
         for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] += blk[k][j];
     }
@@ -283,7 +283,7 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
       const int first = r == r0;
       jb->uk->stats_rows(tptr(jb, jb->x, r * g->c + ja), rows, g->c, ncc,
                          first ? NULL : &out[2 * ostride + jc], &out[jc], &out[ostride + jc],
-                         first ? &out[2 * ostride + jc] : NULL, jb->pf);
+                         first ? &out[2 * ostride + jc] : NULL, jb->pf | jb->seq);
     }
   }
 }
@@ -1124,6 +1124,7 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, jb->nsums == SUMS_BWD || jb->dy != NULL) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
+  jb->seq = g->total * (int64_t)g->esize > NORM_SEQ_BYTES ? BN_SUMS_SEQ : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */
