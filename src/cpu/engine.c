@@ -466,7 +466,7 @@ static void apply_rows_f(const norm_job *jb, const norm_unit *u, int64_t r0, int
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
-                     g->act | jb->store | pf);
+                     g->act | jb->store | pf | jb->seq);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
                      g->c, nc, k, u->cs, g->act | jb->store | pf);
@@ -1124,7 +1124,7 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, jb->nsums == SUMS_BWD || jb->dy != NULL) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
-  jb->seq = g->total * (int64_t)g->esize > NORM_SEQ_BYTES ? BN_SUMS_SEQ : 0;
+  jb->seq = g->total * (int64_t)g->esize > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */

@@ -1,12 +1,14 @@
 /* test_rows_order.c - the channels-last kernels give the same bits whatever order they walk
- * memory in.  Far beyond the caches (flag BN_SUMS_SEQ) the backward's sums read whole rows one
+ * memory in.  Far beyond the caches (flag BN_ROWS_SEQ) the backward's sums read whole rows one
  * after the other (ukernels_vec.inc, bwd_sums_seq); else they take strips of a row (AVX-512)
  * or rows by fours.  Both must keep the rows-by-fours arithmetic, so each ISA's bwd_sums_rows
  * is called on the same block with and without the flags and the sums compared bit for bit:
  * f32 / bf16 / f16, every activation, widths with every tail of 8 and 16 lanes (1 .. 1024
  * channels, and 1040, which the sequential walk does not take), row counts around the fours
- * and the blocks of BN_SUMS_BLOCK_ROWS.  The baseline table takes no flag and is not
- * checked; an ISA the CPU lacks is said and skipped.
+ * and the blocks of BN_SUMS_BLOCK_ROWS; likewise the statistics (stats_rows) and the
+ * backward's apply (bwd_rows, dx and dresidual), which walks a row at a time in address
+ * order under the flag.  The baseline table takes no flag and is not checked; an ISA the
+ * CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
@@ -42,12 +44,12 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
         const int act = acts[ai];
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act, o[0], o[1], o[2]);
-        uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_SUMS_SEQ, o[3], o[4], o[5]);
+        uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, o[3], o[4], o[5]);
         int ok = 1;
         for (int64_t j = 0; j < c; j++)
           ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
         TU_CHECK(ok, "%s dtype %d act %d: %lld rows of %lld channels: the sums differ with the "
-                 "rows read in order (BN_SUMS_SEQ)", isa, (int)dt, act, (long long)rows,
+                 "rows read in order (BN_ROWS_SEQ)", isa, (int)dt, act, (long long)rows,
                  (long long)c);
       }
       free(x), free(y), free(dy), free(cst);
@@ -80,7 +82,7 @@ static void check_stats(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
             for (int64_t j = 0; j < c; j += 2)
               tu_store(dt, x, i * c + j, tu_load(dt, x, i * c + j) + 8.0 * (double)i);
         uk->stats_rows(x, rows, c, c, NULL, o[0], o[1], o[2], 0);
-        uk->stats_rows(x, rows, c, c, NULL, o[3], o[4], o[5], BN_PF_AHEAD | BN_SUMS_SEQ);
+        uk->stats_rows(x, rows, c, c, NULL, o[3], o[4], o[5], BN_PF_AHEAD | BN_ROWS_SEQ);
         int ok = 1;
         for (int64_t j = 0; j < c; j++)
           ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
@@ -88,19 +90,57 @@ static void check_stats(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
         for (int64_t j = 0; j < c; j++) o[2][j] = (double)(float)(o[2][j] + 0.25);
         for (int k = 0; k < 2; k++) memset(o[k], 0, sizeof(double) * (size_t)c);
         uk->stats_rows(x, rows, c, c, o[2], o[0], o[1], NULL, 0);
-        uk->stats_rows(x, rows, c, c, o[2], o[6], o[7], NULL, BN_PF_AHEAD | BN_SUMS_SEQ);
+        uk->stats_rows(x, rows, c, c, o[2], o[6], o[7], NULL, BN_PF_AHEAD | BN_ROWS_SEQ);
         for (int64_t j = 0; j < c; j++) ok &= same_d(o[0][j], o[6][j]) & same_d(o[1][j], o[7][j]);
         TU_CHECK(ok, "%s dtype %d drift %d: statistics of %lld rows of %lld channels differ with "
-                 "the rows read in order (BN_SUMS_SEQ)", isa, (int)dt, drift, (long long)rows,
+                 "the rows read in order (BN_ROWS_SEQ)", isa, (int)dt, drift, (long long)rows,
                  (long long)c);
         free(x);
         for (int k = 0; k < 8; k++) free(o[k]);
       }
 }
 
+/* the backward's apply (bwd_rows): dx and dresidual, a row at a time in address order
+   against the strips / rows by fours, every activation */
+static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t widths[] = {1, 3, 16, 17, 64, 100, 255, 256, 257};
+  static const int64_t rowss[] = {1, 3, 4, 5, 9, 64, 67};
+  static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
+  if (!uk || !uk->bwd_rows) return;
+  const size_t es = tu_esize(dt);
+  tu_rng r = tu_rng_make(79);
+  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
+      const size_t tb = (size_t)n * es;
+      void *x = malloc(tb), *y = malloc(tb), *dy = malloc(tb), *o[4];
+      for (int k = 0; k < 4; k++) o[k] = malloc(tb);
+      float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
+      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
+      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
+      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
+      for (int64_t j = 0; j < c; j++) {
+        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
+        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
+      }
+      for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
+        const int act = acts[ai];
+        for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
+        uk->bwd_rows(x, y, dy, o[0], o[1], rows, c, c, cst, c, act | BN_PF_AHEAD);
+        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ);
+        TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
+                 "%s dtype %d act %d: the apply of %lld rows of %lld channels differs with the "
+                 "rows in order (BN_ROWS_SEQ)", isa, (int)dt, act, (long long)rows, (long long)c);
+      }
+      free(x), free(y), free(dy), free(cst);
+      for (int k = 0; k < 4; k++) free(o[k]);
+    }
+}
+
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_stats(isa, uk, dt);
+  check_apply(isa, uk, dt);
 }
 
 int main(void) {
