@@ -283,7 +283,7 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
       const int first = r == r0;
       jb->uk->stats_rows(tptr(jb, jb->x, r * g->c + ja), rows, g->c, ncc,
                          first ? NULL : &out[2 * ostride + jc], &out[jc], &out[ostride + jc],
-                         first ? &out[2 * ostride + jc] : NULL, jb->pf | jb->seq);
+                         first ? &out[2 * ostride + jc] : NULL, jb->pf);
     }
   }
 }

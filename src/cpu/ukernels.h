@@ -54,9 +54,9 @@
    prefetches the rows ahead (see ukernels_vec.inc).  Without it they issue no prefetches: on
    tensors the caches hold, prefetching cost 1.2-1.4x (Zen 5, AVX-512 and AVX2 alike). */
 #define BN_PF_AHEAD 0x800
-/* or-ed into the `act` argument of bwd_sums_rows and bwd_rows and the `flags` of stats_rows:
-   the tensor is far beyond the caches (NORM_SEQ_BYTES), so the kernels read whole rows in
-   address order (ukernels_vec.inc, "rows in address order"); the bits are those without it */
+/* or-ed into the `act` argument of bwd_sums_rows and bwd_rows: the tensor is far beyond the
+   caches (NORM_SEQ_BYTES), so the kernels read whole rows in address order (ukernels_vec.inc,
+   "rows in address order"); the bits are those without it */
 #define BN_ROWS_SEQ 0x1000
 #define BN_ACT_MASK 0xff
 /* rows over which bwd_sums_rows keeps a sum in the compute type before it goes to double */

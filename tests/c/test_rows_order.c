@@ -5,10 +5,9 @@
  * is called on the same block with and without the flags and the sums compared bit for bit:
  * f32 / bf16 / f16, every activation, widths with every tail of 8 and 16 lanes (1 .. 1024
  * channels, and 1040, which the sequential walk does not take), row counts around the fours
- * and the blocks of BN_SUMS_BLOCK_ROWS; likewise the statistics (stats_rows) and the
- * backward's apply (bwd_rows, dx and dresidual), which walks a row at a time in address
- * order under the flag.  The baseline table takes no flag and is not checked; an ISA the
- * CPU lacks is said and skipped.
+ * and the blocks of BN_SUMS_BLOCK_ROWS; likewise the backward's apply (bwd_rows, dx and
+ * dresidual), which walks a row at a time in address order under the flag.  The baseline
+ * table takes no flag and is not checked; an ISA the CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
@@ -57,49 +56,6 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
     }
 }
 
-/* the statistics (stats_rows): anchors picked by the kernel (a segment's first block) and given
-   (a later block), on data centred and on data whose mean drifts down the rows (some channels
-   then take the two-pass path) */
-static void check_stats(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
-  static const int64_t widths[] = {1, 3, 8, 16, 17, 64, 100, 255, 256, 257};
-  static const int64_t rowss[] = {1, 3, 4, 5, 7, 8, 9, 12, 13, 64, 67, 128, 131};
-  if (!uk || !uk->stats_rows) {
-    printf("test_rows_order: %s has no stats_rows for dtype %d\n", isa, (int)dt);
-    return;
-  }
-  const size_t es = tu_esize(dt);
-  tu_rng r = tu_rng_make(78);
-  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
-    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
-      for (int drift = 0; drift < 2; drift++) {
-        const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
-        void *x = malloc((size_t)n * es);
-        double *o[8];
-        for (int k = 0; k < 8; k++) o[k] = calloc((size_t)c, sizeof(double));
-        tu_fill_uniform(dt, x, n, &r, -2.0, 2.0);
-        if (drift) /* channel j's values grow down the rows for every other channel */
-          for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < c; j += 2)
-              tu_store(dt, x, i * c + j, tu_load(dt, x, i * c + j) + 8.0 * (double)i);
-        uk->stats_rows(x, rows, c, c, NULL, o[0], o[1], o[2], 0);
-        uk->stats_rows(x, rows, c, c, NULL, o[3], o[4], o[5], BN_PF_AHEAD | BN_ROWS_SEQ);
-        int ok = 1;
-        for (int64_t j = 0; j < c; j++)
-          ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
-        /* a later block: the anchors given (and shifted away from this block's mean) */
-        for (int64_t j = 0; j < c; j++) o[2][j] = (double)(float)(o[2][j] + 0.25);
-        for (int k = 0; k < 2; k++) memset(o[k], 0, sizeof(double) * (size_t)c);
-        uk->stats_rows(x, rows, c, c, o[2], o[0], o[1], NULL, 0);
-        uk->stats_rows(x, rows, c, c, o[2], o[6], o[7], NULL, BN_PF_AHEAD | BN_ROWS_SEQ);
-        for (int64_t j = 0; j < c; j++) ok &= same_d(o[0][j], o[6][j]) & same_d(o[1][j], o[7][j]);
-        TU_CHECK(ok, "%s dtype %d drift %d: statistics of %lld rows of %lld channels differ with "
-                 "the rows read in order (BN_ROWS_SEQ)", isa, (int)dt, drift, (long long)rows,
-                 (long long)c);
-        free(x);
-        for (int k = 0; k < 8; k++) free(o[k]);
-      }
-}
-
 /* the backward's apply (bwd_rows): dx and dresidual, a row at a time in address order
    against the strips / rows by fours, every activation */
 static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
@@ -139,7 +95,6 @@ static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
 
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
-  check_stats(isa, uk, dt);
   check_apply(isa, uk, dt);
 }
 
