@@ -231,6 +231,8 @@ static int64_t rows_line(const norm_job *jb) {
 /* ---- reduction of one segment ----------------------------------------------------------- */
 
 /* channels-first: chunk q of channel ch of the samples [i, i + nr) -> out[3] */
+/* channels per stats_runs call (the channels-first statistics of a sample's consecutive runs) */
+#define NORM_CF_RUNS 64
 static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t nr,
                         int64_t q, double *out) {
   const norm_geom *g = jb->g;
@@ -388,6 +390,18 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
     double s[3];
     for (int64_t i = u->i0; i < u->i1; i += spr) {
       const int64_t nr = u->i1 - i < spr ? u->i1 - i : spr;
+      if (jb->nsums == SUMS_STATS && nch == 1 && spr == 1 && u->nc > 1) {
+        /* the sample's runs of the unit's channels lie back to back: stats_runs (see
+           split_sums_cf), each channel absorbing its run in sample order as below */
+        double o[3 * NORM_CF_RUNS];
+        for (int64_t j = 0; j < u->nc; j += NORM_CF_RUNS) {
+          const int64_t m = u->nc - j < NORM_CF_RUNS ? u->nc - j : NORM_CF_RUNS;
+          jb->uk->stats_runs(tptr(jb, jb->x, (i * g->c + u->j0 + j) * g->s), g->s, m, o);
+          for (int64_t r = 0; r < m; r++)
+            absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)g->s);
+        }
+        continue;
+      }
       for (int64_t j = 0; j < u->nc; j++)
         for (int64_t q = 0; q < nch; q++) { /* channel j0 + j sees its segments in order */
           seg_sums_cf(jb, u, u->j0 + j, i, nr, q, s);
@@ -669,10 +683,24 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const split_arg *sa = arg;
   const int64_t nseg = sa->nseg, nch = cf_chunks(jb), spr = cf_spr(jb), i1 = sa->u->i1;
   const int64_t c = jb->g->c;
-  for (int64_t it = w0; it < w1; it++) {
+  /* whole runs of one sample at a time (spr 1, one chunk): the statistics of its consecutive
+     channels in one stats_runs call, whose passes overlap (the same bits per channel) */
+  const int runs = jb->nsums == SUMS_STATS && nch == 1 && spr == 1;
+  for (int64_t it = w0; it < w1;) {
     const int64_t q = it % nch, ch = (it / nch) % c, seg = it / nch / c * nch + q;
     const int64_t i = sa->u->i0 + seg / nch * spr;
+    int64_t m = c - ch < w1 - it ? c - ch : w1 - it;
+    if (runs && m > 1) {
+      double o[3 * NORM_CF_RUNS];
+      if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;
+      jb->uk->stats_runs(tptr(jb, jb->x, (i * c + ch) * jb->g->s), jb->g->s, m, o);
+      for (int64_t r = 0; r < m; r++)
+        for (int k = 0; k < 3; k++) sa->part[((ch + r) * nseg + seg) * 3 + k] = o[3 * r + k];
+      it += m;
+      continue;
+    }
     seg_sums_cf(jb, sa->u, ch, i, i1 - i < spr ? i1 - i : spr, q, &sa->part[(ch * nseg + seg) * 3]);
+    it++;
   }
 }
 /* rows form: part[seg * 3 * c + k * c + j]; work items are (channel block, segment), block

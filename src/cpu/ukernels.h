@@ -141,6 +141,9 @@ typedef struct bn_ukernels {
   /* stats_run(x, len, 1, 0, NULL, out) for two runs x0 and x1 at once (two rows: independent
      work to overlap), the same bits: out[0..2] for x0, out[3..5] for x1 */
   void (*stats_run2)(const void *x0, const void *x1, int64_t len, double out[6]);
+  /* stats_run(run r, len, 1, 0, NULL, out + 3 r) for m >= 1 runs of len values back to back
+     (run r at element r * len: a sample's consecutive channels), the same bits */
+  void (*stats_runs)(const void *x, int64_t len, int64_t m, double *out);
 } bn_ukernels;
 
 /* The block anchor of the statistics (see above), in f32 and f64: the mean sum * inv_len
@@ -216,7 +219,7 @@ static inline void bn_stats_shift(double kb, double K, double s1, double s2, dou
 #define BN_UKERNEL_SLOTS(X)                                                                  \
   X(stats_run) X(stats_rows) X(fwd_run) X(fwd_rows) X(bwd_sums_run) X(bwd_sums_rows)          \
   X(bwd_run) X(bwd_rows) X(sumsq_run) X(add_run) X(affine_run) X(affine_bwd_sums_run)         \
-  X(affine_bwd_run) X(stats_run2)
+  X(affine_bwd_run) X(stats_run2) X(stats_runs)
 
 /* Tables, by dtype; NULL where an ISA has no kernel for that dtype, and NULL entries where it
    lacks a kernel (the engine takes the portable one there: bn_ukernels_for). */

@@ -6,8 +6,9 @@
  * f32 / bf16 / f16, every activation, widths with every tail of 8 and 16 lanes (1 .. 1024
  * channels, and 1040, which the sequential walk does not take), row counts around the fours
  * and the blocks of BN_SUMS_BLOCK_ROWS; likewise the backward's apply (bwd_rows, dx and
- * dresidual), which walks a row at a time in address order under the flag.  The baseline
- * table takes no flag and is not checked; an ISA the CPU lacks is said and skipped.
+ * dresidual), which walks a row at a time in address order under the flag; and the
+ * channels-first statistics of consecutive runs (stats_runs) against one run at a time, on
+ * every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
@@ -93,9 +94,45 @@ static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
     }
 }
 
+/* the channels-first statistics of a sample's consecutive channels (stats_runs, whose vector
+   kernels overlap pass 2 of one run with pass 1 of the next) against stats_run run by run:
+   lengths around the 32-value steps, 1 to 9 runs, data far from zero, constant runs (anchor
+   at the minimum), a NaN and infinities, which must come out in the same place */
+static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t lens[] = {1, 5, 16, 31, 32, 33, 63, 64, 65, 100, 784, 3136};
+  static const int64_t ms[] = {1, 2, 3, 9};
+  if (!uk || !uk->stats_runs || !uk->stats_run) return;
+  const size_t es = tu_esize(dt);
+  tu_rng r = tu_rng_make(81);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+      for (int kind = 0; kind < 3; kind++) {
+        const int64_t len = lens[li], m = ms[mi], n = len * m;
+        char *x = malloc((size_t)n * es);
+        double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+        for (int64_t q = 0; q < m; q++) {
+          const double base = kind == 1 ? 1000.0 + 10.0 * (double)q : 0.0;
+          tu_fill_uniform(dt, x + (size_t)(q * len) * es, len, &r, base - 1.0, base + 2.0);
+        }
+        if (kind == 2) { /* run 0 constant, a NaN in run 1, +-Inf in the last run */
+          for (int64_t i = 1; i < len; i++) memcpy(x + (size_t)i * es, x, es);
+          if (m > 1) tu_store(dt, x, len + len / 2, NAN);
+          if (m > 2) tu_store(dt, x, (m - 1) * len, INFINITY), tu_store(dt, x, n - 1, -INFINITY);
+        }
+        uk->stats_runs(x, len, m, a);
+        for (int64_t q = 0; q < m; q++) uk->stats_run(x + (size_t)(q * len) * es, len, 1, 0, NULL, b + 3 * q);
+        int ok = 1;
+        for (int64_t k = 0; k < 3 * m; k++) ok &= same_d(a[k], b[k]);
+        TU_CHECK(ok, "%s dtype %d: stats_runs of %lld runs of %lld values (data %d) differs "
+                 "from stats_run run by run", isa, (int)dt, (long long)m, (long long)len, kind);
+        free(x), free(a), free(b);
+      }
+}
+
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
+  check_runs(isa, uk, dt);
 }
 
 int main(void) {
@@ -104,7 +141,9 @@ int main(void) {
   const norma_cpu_features *f = norma__cpu_features();
   static const norma_dtype dts[] = {NORMA_F32, NORMA_BF16, NORMA_F16};
   for (int d = 0; d < 3; d++) {
+    check_runs("scalar", bn_ukernels_scalar(dts[d]), dts[d]);
 #ifdef NORMA_TEST_HAVE_AVX2
+    if (norma__cpu_has_avx2_kernels(f)) check_runs("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
     if (norma__cpu_has_avx2_kernels(f)) check_table("avx2", bn_ukernels_avx2(dts[d]), dts[d]), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
