@@ -230,9 +230,9 @@ static int64_t rows_line(const norm_job *jb) {
 
 /* ---- reduction of one segment ----------------------------------------------------------- */
 
-/* channels-first: chunk q of channel ch of the samples [i, i + nr) -> out[3] */
 /* channels per stats_runs call (the channels-first statistics of a sample's consecutive runs) */
 #define NORM_CF_RUNS 64
+/* channels-first: chunk q of channel ch of the samples [i, i + nr) -> out[3] */
 static void seg_sums_cf(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t i, int64_t nr,
                         int64_t q, double *out) {
   const norm_geom *g = jb->g;
