@@ -134,7 +134,7 @@ int main(void) {
     return 77;
   }
   const norma_dtype dts[] = {NORMA_F32, NORMA_F16, NORMA_BF16};
-  const int64_t cs[] = {1, 3, 8, 15, 16, 17, 33, 64, 129, 250, 1000};
+  const int64_t cs[] = {1, 3, 8, 15, 16, 17, 33, 64, 129, 250, 300, 1000};
   const int64_t ss[] = {1, 7, 15, 16, 17, 49, 97};
   char what[256];
   uint64_t seed = 1;
@@ -175,8 +175,9 @@ int main(void) {
         }
   /* channels-last rows that end inside a line, large enough for the split schedule: the
      AVX-512 apply takes rows of 728 and 200 channels as aligned super-rows (engine.c), which
-     AVX2's vectors fit as they are; 100 channels the other way round (AVX-512's strips) */
-  const int64_t wide_cs[] = {728, 200, 100};
+     AVX2's vectors fit as they are; 100 and 468 channels the other way round (AVX-512's
+     strips: the backward's up to 480 channels) */
+  const int64_t wide_cs[] = {728, 468, 200, 100};
   for (int di = 0; di < 3; di++)
     for (size_t ci = 0; ci < sizeof wide_cs / sizeof wide_cs[0]; ci++) {
       const norma_dtype dt = dts[di];
