@@ -190,12 +190,11 @@ static int64_t wide_factor(const norm_geom *g, int backward) {
   }
   /* first choice: wide rows of whole 64-byte lines (no partial vector at the end of a row,
      whose masked store would share a line with the next row's streaming stores: measured 2x
-     slower inference for C = 3), up to 512 columns; for the backward up to 480, the widest
-     rows its AVX-512 strips take (ukernels_vec.inc, BSTRIP_MAX): with rows of 480 or 256
-     columns instead of 512, the few-channel backward (NHWC, 2^26 values, Zen 5, 2 threads,
-     paired) ran 1.11x (C = 1), 1.22x (C = 2), 1.24x (C = 4), 1.05x (C = 8) faster, f16
-     1.16-1.20x */
-  for (int64_t k = (backward ? 480 : 512) / g->c; k > 1; k--)
+     slower inference for C = 3), up to 512 columns.  (For the backward, up to 480 columns,
+     the widest rows its AVX-512 strips take, ran 1.05-1.24x faster with AVX-512 at C = 1, 2,
+     4, 8 (2^26 values, rows of 256 instead of 512 columns), but 0.86-0.92x with AVX2 in f16;
+     the columns must not depend on the ISA, which would change the bits.) */
+  for (int64_t k = 512 / g->c; k > 1; k--)
     if (g->m % k == 0 && k * row % 64 == 0) return k;
   for (int64_t k = (256 + g->c - 1) / g->c; k > 1; k--)
     if (g->m % k == 0) return k;
