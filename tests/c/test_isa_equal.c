@@ -176,7 +176,8 @@ int main(void) {
   /* channels-last rows that end inside a line, large enough for the split schedule: the
      AVX-512 apply takes rows of 728 and 200 channels as aligned super-rows (engine.c), which
      AVX2's vectors fit as they are; 100 and 468 channels the other way round (AVX-512's
-     strips: the backward's up to 480 channels) */
+     strips: the backward's up to 480 channels); 728 channels take the backward's wider strips
+     (rows over 480 channels in the caches whose stride does not alias, ukernels_vec.inc) */
   const int64_t wide_cs[] = {728, 468, 200, 100};
   for (int di = 0; di < 3; di++)
     for (size_t ci = 0; ci < sizeof wide_cs / sizeof wide_cs[0]; ci++) {
