@@ -13,7 +13,11 @@
  *
  * The affine (gamma, beta) is always per channel (for LayerNorm the channel is the element of
  * the normalized shape).  A tensor with s == 1 is stored the same way in both layouts; it is
- * canonicalized to channels-last (rows of c values).
+ * canonicalized to channels-last (rows of c values).  So is one with c == 1 (and s > 1): it
+ * is canonicalized to channels-first (each sample one run of s values), whose kernels split a
+ * channel's long runs among the threads; channels-last would walk rows of one value (measured,
+ * Zen 5, 2 threads, f32: BatchNorm 64x1x32x32 backward 0.030 ms as rows against 0.008 as runs,
+ * 1024x1x256x256 forward 16.5 against 14.0 ms, backward 26.9 against 19.8).
  */
 #ifndef NORMA_GEOM_H
 #define NORMA_GEOM_H
@@ -26,7 +30,7 @@ enum { NORM_ACT_NONE = 0, NORM_ACT_RELU = 1, NORM_ACT_ADD_RELU = 2, NORM_ACT_SIL
 
 typedef struct norm_geom {
   int64_t n, c, s;     /* samples, channels, spatial positions */
-  norma_layout layout; /* NORMA_CHANNELS_LAST whenever s == 1 */
+  norma_layout layout; /* NORMA_CHANNELS_LAST whenever s == 1, else FIRST whenever c == 1 */
   norma_dtype dt;
   size_t esize;        /* bytes per tensor element */
   int per_sample;      /* 0: a group is a channel over all samples (BatchNorm) */
@@ -56,6 +60,7 @@ static inline int64_t norm_index(const norm_geom *g, int64_t i, int64_t ch, int6
    act must be set (and checked) first. */
 static inline void norm_geom_finish(norm_geom *g) {
   if (g->s == 1) g->layout = NORMA_CHANNELS_LAST;
+  else if (g->c == 1) g->layout = NORMA_CHANNELS_FIRST;
   g->esize = norma__dtype_size(g->dt);
   g->total = g->n * g->c * g->s;
   g->m = g->n * g->s;
