@@ -1127,11 +1127,11 @@ static int forced_schedule(void) {
    more than the parallel region costs (a fork / join of 3-5 us, a barrier), which depends on
    the work per value.  Measured on Zen 5 (2 threads, f32, A/B pairs of 1 and 2 threads on 60
    shapes of 32K-262K values, both layouts and [N, C]):
-   - inference (a pass over x): from 131072 values plus 64 a channel (the constants each
+   - inference (a pass over x): from 131072 values plus 32 a channel (the constants each
      thread makes and reads).  With 1, 2 threads ran 1x2048x8x8 (131K values) 0.72-0.88x as
-     fast, 8x256x8x8 and 16x512x4x4 0.76-0.80x, [160, 1024] 0.87x, [150, 1000] 0.79x, and
-     3x256x14x14 (150K) 1.16x, 12x128x10x10 (154K) 1.50x, 4x1024x7x7 1.00-1.16x, 64x64x7x7
-     1.42-1.53x, 8x512x8x8 1.21x;
+     fast, 8x256x8x8 and 16x512x4x4 0.76-0.80x, [64, 2048] 0.67x, [128, 1024] 0.72x,
+     [150, 1000] 0.79x, 4x128x16x16 1.04x, and 3x256x14x14 (150K) 1.16x, 12x128x10x10 (154K)
+     1.50x, 4x1024x7x7 1.00-1.16x, [64, 4096] 1.22x, 64x64x7x7 1.42-1.53x, 8x512x8x8 1.21x;
    - channels-first training (forward and backward): the per-channel work (a channel's runs
      reduced, its constants made) counts as 48 values.  NCHW 1x1024x7x7 (50K values) ran its
      forward 1.41x, its backward 1.09x faster on 2 threads; 1x1024x8x8 1.38x / 1.20x; 16x64x8x8
@@ -1146,7 +1146,7 @@ static int bn_threads(const norm_job *jb) {
   const norm_geom *g = jb->g;
   const int backward = jb->dy != NULL || jb->nsums == SUMS_BWD;
   int64_t work = g->total, need = NORM_SERIAL_BELOW;
-  if (!jb->nsums) need = NORM_SERIAL_BELOW + 64 * g->c;
+  if (!jb->nsums) need = NORM_SERIAL_BELOW + 32 * g->c;
   else if (!jb->rows_form) work += 48 * g->c, need = NORM_PAR_TRAIN;
   else if (backward && g->esize == 4 && g->c % 16 == 0) need = NORM_PAR_TRAIN;
   return work < need ? 1 : norma__threads();
