@@ -36,7 +36,8 @@
    join costs 3-5 us and a barrier 1.6 us (the vCPUs exchange a cache line in ~0.8 us), and a
    call takes two or three regions: measured (Zen 5, f32, NHWC and NCHW, 1 / 2 threads) 32K
    values forward 10 / 20 us, 64K 17 / 33 us, 128K 38 / 34 us, 256K 66 / 52 us; the backward
-   and inference cross over at the same size. */
+   and inference cross over at the same size.  BatchNorm refines it by op and layout
+   (bn_threads in engine.c); the per-sample norms and the row norms use it as it is. */
 #define NORM_SERIAL_BELOW 131072
 #define NORM_MAX_UNIT 512      /* channels per BatchNorm unit */
 
