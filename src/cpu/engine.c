@@ -1135,7 +1135,9 @@ static int forced_schedule(void) {
    - channels-first training (forward and backward): the per-channel work (a channel's runs
      reduced, its constants made) counts as 48 values.  NCHW 1x1024x7x7 (50K values) ran its
      forward 1.41x, its backward 1.09x faster on 2 threads; 1x1024x8x8 1.38x / 1.20x; 16x64x8x8
-     and 4x192x8x8 0.83-0.90x; at 98K values 1.01-1.52x;
+     and 4x192x8x8 0.83-0.90x; at 98K values 0.93-1.64x.  Not for 16-bit data under 256
+     channels: bf16 32x64x7x7 ran 0.94x / 0.82x (f16 4x512x7x7 backward 1.20x, bf16 1x1024x7x7
+     forward 1.51x);
    - channels-last backward of f32: from 98304 values where rows are whole lines (8x256x7x7
      1.18x, 32x64x7x7 1.18x, 2x768x8x8 1.15x, 1x2048x7x7 1.20x, 2x1024x7x7 0.98x; 64K values
      0.70-0.92x), else from NORM_SERIAL_BELOW ([100, 1000] and 2x1000x7x7 ran 0.79-0.83x on 2
@@ -1147,7 +1149,7 @@ static int bn_threads(const norm_job *jb) {
   const int backward = jb->dy != NULL || jb->nsums == SUMS_BWD;
   int64_t work = g->total, need = NORM_SERIAL_BELOW;
   if (!jb->nsums) need = NORM_SERIAL_BELOW + 32 * g->c;
-  else if (!jb->rows_form) work += 48 * g->c, need = NORM_PAR_TRAIN;
+  else if (!jb->rows_form && (g->esize == 4 || g->c >= 256)) work += 48 * g->c, need = NORM_PAR_TRAIN;
   else if (backward && g->esize == 4 && g->c % 16 == 0) need = NORM_PAR_TRAIN;
   return work < need ? 1 : norma__threads();
 }
