@@ -1147,10 +1147,15 @@ static int forced_schedule(void) {
 static int bn_threads(const norm_job *jb) {
   const norm_geom *g = jb->g;
   const int backward = jb->dy != NULL || jb->nsums == SUMS_BWD;
+  const int whole_lines = g->c * (int64_t)g->esize % 64 == 0;
   int64_t work = g->total, need = NORM_SERIAL_BELOW;
-  if (!jb->nsums) need = NORM_SERIAL_BELOW + 32 * g->c;
-  else if (!jb->rows_form && (g->esize == 4 || g->c >= 256)) work += 48 * g->c, need = NORM_PAR_TRAIN;
-  else if (backward && g->esize == 4 && g->c % 16 == 0) need = NORM_PAR_TRAIN;
+  if (!jb->nsums) {
+    need = NORM_SERIAL_BELOW + 32 * g->c;
+  } else if (!jb->rows_form) {
+    if (g->esize == 4 || g->c >= 256) work += 48 * g->c, need = NORM_PAR_TRAIN;
+  } else if (backward && g->esize == 4 && whole_lines) {
+    need = NORM_PAR_TRAIN;
+  }
   return work < need ? 1 : norma__threads();
 }
 
