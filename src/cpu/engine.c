@@ -1125,8 +1125,8 @@ static int forced_schedule(void) {
 
 /* Threads for a BatchNorm call: all of them from the size at which sharing the work gains
    more than the parallel region costs (a fork / join of 3-5 us, a barrier), which depends on
-   the work per value.  Measured on Zen 5 (2 threads, f32, A/B pairs of 1 and 2 threads on 60
-   shapes of 32K-262K values, both layouts and [N, C]):
+   the work per value.  Measured on Zen 5 (2 threads, f32, A/B pairs of 1 and 2 threads on 58
+   shapes of 32K-262K values, both layouts and [N, C]; docs/performance.md, fifteenth session):
    - inference (a pass over x): from 131072 values plus 32 a channel (the constants each
      thread makes and reads).  With 1, 2 threads ran 1x2048x8x8 (131K values) 0.72-0.88x as
      fast, 8x256x8x8 and 16x512x4x4 0.76-0.80x, [64, 2048] 0.67x, [128, 1024] 0.72x,
@@ -1138,10 +1138,11 @@ static int forced_schedule(void) {
      and 4x192x8x8 0.83-0.90x; at 98K values 0.93-1.64x.  Not for 16-bit data under 256
      channels: bf16 32x64x7x7 ran 0.94x / 0.82x (f16 4x512x7x7 backward 1.20x, bf16 1x1024x7x7
      forward 1.51x);
-   - channels-last backward of f32: from 98304 values where rows are whole lines (8x256x7x7
-     1.18x, 32x64x7x7 1.18x, 2x768x8x8 1.15x, 1x2048x7x7 1.20x, 2x1024x7x7 0.98x; 64K values
-     0.70-0.92x), else from NORM_SERIAL_BELOW ([100, 1000] and 2x1000x7x7 ran 0.79-0.83x on 2
-     threads, bf16 8x256x7x7 0.91x);
+   - channels-last backward of f32: from 98304 values where rows are whole lines.  Against
+     one thread, 7 rounds each: 1x2048x7x7 1.25x, 8x256x7x7 1.21x, 3x640x8x8 1.21x, 16x128x7x7
+     1.19x, 4x384x8x8 1.04x, 2x1280x7x7 1.02x, 2x1024x7x7 and 2x768x8x8 0.99x, 4x512x7x7 0.92x
+     (not explained); 64K values 0.70-0.92x.  Else from NORM_SERIAL_BELOW ([100, 1000] and
+     2x1000x7x7 ran 0.79-0.83x on 2 threads, bf16 8x256x7x7 0.91x);
    - channels-last training forward: from NORM_SERIAL_BELOW (at 131072 values 0.89-1.12x). */
 #define NORM_PAR_TRAIN ((int64_t)98304)
 static int bn_threads(const norm_job *jb) {
