@@ -244,6 +244,12 @@ int main(void) {
   /* few rows of many channels: inference in units of channels, one per thread */
   for (int t = 0; t < 4; t++)
     det_case(16, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);
+  /* rows of 1344 channels beyond NORM_CACHED_BYTES, in equal segments all the same
+     (norm_cl_seg_len in engine.h): 3136 rows, four segments of 784 */
+  if (!quick) {
+    det_case(16, 1344, 196, NORMA_CHANNELS_LAST, NORMA_F32, 0, 31, 0.0);
+    det_case(32, 1344, 196, NORMA_CHANNELS_LAST, NORMA_BF16, NORMA_BN_RELU, 32, 0.0);
+  }
   test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
   for (int op = 0; op < 3; op++) {
