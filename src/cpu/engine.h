@@ -63,22 +63,28 @@
    (1568 rows: segments of 784 instead of 1024 + 544, where the threads split channels instead)
    backward NHWC 2048 channels 1.08-1.34x, 512 channels 0.97-1.14x, forward 1.14x; on
    tensors of 25 MB and more, which the caches do not hold between the passes, equal segments
-   were 3-8 % slower.
-   Rows of NORM_CL_WIDE_ROW_BYTES or more keep equal segments up to NORM_CL_WIDE_EQUAL_BYTES:
-   there the 1024-row segments share out unevenly between two threads (16x14x14x1344: 3136
-   rows, 2048 against 1088, so the threads split the channels instead; 16x17x17x1280: 2048
-   against 2576 rows), while the LLC still holds much of the tensor between the passes.
-   Paired (Zen 5, 2 threads, f32, backward / forward NHWC): 16x14x14x1344 (16.9 MB) 1.28x /
-   1.08x, 8x19x19x2048 1.13x / 1.17x, 16x14x14x1536 1.17x / 1.12x, 32x13x13x1024 1.10x / 1.05x,
-   16x12x12x2048 1.09x / 1.07x, 16x17x17x1280 1.04-1.10x / 1.03-1.06x, 16x20x20x960 (24.6 MB)
-   0.98x / 0.98x; narrow rows lost (32x40x40x96 0.94x / 0.92x), hence the width. */
-#define NORM_CL_WIDE_ROW_BYTES 2048
-#define NORM_CL_WIDE_EQUAL_BYTES ((int64_t)24 << 20)
+   were 3-8 % slower, so those keep segments of NORM_CL_SEG_ROWS rows where two threads'
+   contiguous shares of them are within 5 % of each other (norm_cl_fixed_even).  Where they
+   are not (a few segments, or a short last one), the reduction split the channels or one
+   thread read up to a third more rows, and equal segments measured faster (Zen 5, 2 threads,
+   f32, backward / forward NHWC, paired): 16x14x14x1344 (16.9 MB; 2048 against 1088 rows)
+   1.24x / 1.05x, 64x7x7x2048 (25.7 MB) 1.09-1.14x / 1.29x, 8x19x19x2048 1.12x / 1.13x,
+   16x14x14x1536 1.19x, 16x14x14x4096 1.06x / 1.04x, 16x17x17x1280 (2048 against 2576 rows)
+   1.03-1.10x; 48x8x8x2048 and 24x17x17x1280 even. */
+/* whether two threads' contiguous shares of the fixed segments of `rows` rows (as the split
+   schedule deals them out) are within 5 % of each other; or there is one segment, whose
+   channels the threads share ([1024, 8192] backward 0.92x in 4 segments, forward 1.11x) */
+static inline int norm_cl_fixed_even(int64_t rows) {
+  const int64_t nseg = (rows + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS;
+  if (nseg <= 1) return 1;
+  const int64_t first = nseg / 2 * NORM_CL_SEG_ROWS < rows ? nseg / 2 * NORM_CL_SEG_ROWS : rows;
+  const int64_t most = first > rows - first ? first : rows - first;
+  return most * 200 <= rows * 105;
+}
 static inline int64_t norm_cl_seg_len(int64_t rows, int64_t row_bytes) {
   int64_t nseg = (rows + NORM_CL_SEG_ROWS - 1) / NORM_CL_SEG_ROWS;
-  const int64_t equal_max =
-      row_bytes >= NORM_CL_WIDE_ROW_BYTES ? NORM_CL_WIDE_EQUAL_BYTES : NORM_CACHED_BYTES;
-  if (rows > equal_max / (row_bytes > 0 ? row_bytes : 1)) return NORM_CL_SEG_ROWS;
+  if (rows > NORM_CACHED_BYTES / (row_bytes > 0 ? row_bytes : 1) && norm_cl_fixed_even(rows))
+    return NORM_CL_SEG_ROWS;
   /* in the caches: a multiple of 4 segments (2 and 4 threads share them evenly), halved while
      they would be shorter than 2 * NORM_CL_MIN_SEG_ROWS, down to two, then while shorter than
      NORM_CL_MIN_SEG_ROWS.  A segment's first block is read twice (its anchors) and each
