@@ -249,6 +249,8 @@ int main(void) {
   if (!quick) {
     det_case(16, 1344, 196, NORMA_CHANNELS_LAST, NORMA_F32, 0, 31, 0.0);
     det_case(32, 1344, 196, NORMA_CHANNELS_LAST, NORMA_BF16, NORMA_BN_RELU, 32, 0.0);
+    /* and beyond NORM_SEQ_BYTES (50 MB): the backward's sums of wide rows by fours */
+    det_case(12, 720, 1444, NORMA_CHANNELS_LAST, NORMA_F32, 0, 33, 0.0);
   }
   test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
