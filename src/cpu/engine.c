@@ -832,14 +832,9 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
   /* forwards, prefetching ahead (no reduction, or narrow rows); or forwards without prefetch
-     (the backward's wider rows of 16-64 MiB on AVX-512, and the backward's tensors whose two
-     inputs fit in the threads' L2s, where the backwards walk gains nothing and its 64 KiB
-     blocks cut the strips' tiles short: NHWC 1x14x14x720 1.05x, 8x9x9x320 1.03-1.04x, paired;
-     2x7x7x960, 1x7x7x2048, bf16 4x14x14x720, [64, 4096] even; the forward 0.99x) */
+     (the backward's wider rows of 16-64 MiB on AVX-512) */
   const int ahead = !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C);
-  const int in_l2 =
-      jb->dy && jb->g->total * (int64_t)jb->g->esize * 2 <= jb->nt * norma__l2_bytes();
-  if (ahead || in_l2 || (jb->dy && jb->pf &&
+  if (ahead || (jb->dy && jb->pf &&
                 jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES &&
                 bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512)) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
