@@ -122,6 +122,35 @@ def test_streaming_store_sized_output_and_threads():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("shape", [(16, 1344, 14, 14), (12, 720, 38, 38)],
+                         ids=["16x1344x14x14", "12x720x38x38"])
+def test_wide_rows_beyond_the_caches_vs_torch(shape):
+    """Channels-last tensors beyond the caches with wide rows: 16x14x14x1344 (16.9 MB, 3136
+    rows in equal segments where 1024-row ones would share out unevenly) and 12x38x38x720
+    (50 MB, whose backward sums go by fours), training forward and backward against torch,
+    dx also against the float64 reference."""
+    g = torch.Generator().manual_seed(11)
+    c = shape[1]
+    x = (torch.randn(shape, generator=g) * 2 + 1).to(memory_format=torch.channels_last)
+    dy = torch.randn(shape, generator=g).to(memory_format=torch.channels_last)
+    w = torch.rand(c, generator=g) + 0.5
+    b = torch.randn(c, generator=g)
+    m = shape[0] * shape[2] * shape[3]
+    xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
+    y = nt.batch_norm(xa, None, None, wa, ba, True)
+    y.backward(dy)
+    xb, wb, bb = (t.clone().requires_grad_() for t in (x, w, b))
+    yt = F.batch_norm(xb, None, None, wb, bb, True)
+    yt.backward(dy)
+    ref.assert_close(_np(y), _np(yt), "float32", scale=2, what="y")
+    ref.assert_close(_np(xa.grad), _np(xb.grad), "float32", scale=4, what="dx")
+    ref.assert_close(_np(wa.grad), _np(wb.grad), "float32", scale=math.sqrt(m) * 4, what="dw")
+    ref.assert_close(_np(ba.grad), _np(bb.grad), "float32", scale=math.sqrt(m) * 4, what="db")
+    _, mean, _, invstd = ref.forward_train(_np(x), _np(w), _np(b))
+    dxr, _, _, _ = ref.backward(_np(dy), _np(x), mean, invstd, _np(w))
+    ref.assert_close(_np(xa.grad), dxr, "float32", scale=2, what="dx vs reference")
+
+
 _SCHEDULE_SCRIPT = r"""
 import sys, numpy as np, norma
 out = sys.argv[1]
