@@ -122,12 +122,13 @@ def test_streaming_store_sized_output_and_threads():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("shape", [(16, 1344, 14, 14), (12, 720, 38, 38)],
-                         ids=["16x1344x14x14", "12x720x38x38"])
+@pytest.mark.parametrize("shape", [(16, 1344, 14, 14), (12, 720, 38, 38), (16, 576, 44, 44)],
+                         ids=["16x1344x14x14", "12x720x38x38", "16x576x44x44"])
 def test_wide_rows_beyond_the_caches_vs_torch(shape):
     """Channels-last tensors beyond the caches with wide rows: 16x14x14x1344 (16.9 MB, 3136
-    rows in equal segments where 1024-row ones would share out unevenly) and 12x38x38x720
-    (50 MB, whose backward sums go by fours), training forward and backward against torch,
+    rows in equal segments where 1024-row ones would share out unevenly), 12x38x38x720
+    (50 MB, whose backward sums go by fours) and 16x44x44x576 (71 MB, beyond 64 MiB: the f32
+    backward's apply walks forwards there), training forward and backward against torch,
     dx also against the float64 reference."""
     g = torch.Generator().manual_seed(11)
     c = shape[1]
