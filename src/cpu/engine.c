@@ -825,26 +825,31 @@ static void apply_whole_rows(const norm_job *jb, const norm_unit *u, int64_t r0,
    1.06x, 32x512x28x28 1.15x, bf16 1.06x; with the prefetch of the narrow rows' walk these were
    1.06-1.10x slower.  AVX-512 only (AVX2 0.94-0.96x on 32x1024x14x14 and 64x2048x7x7).
    Not in the caches (32x2048x7x7 0.94x) or for the forward (32x1024x14x14 0.91x,
-   32x512x28x28 0.96x).  Beyond 64 MiB for f32 only (seventeenth session, paired, 7-9
-   rounds): 64x960x19x19 1.13-1.17x, 64x896x20x20 1.20x, 64x576x24x24 1.09-1.12x,
-   128x576x17x17 1.09x, 32x256x56x56 1.10-1.22x, 64x1024x18x18 1.05x, 64x2048x12x12 1.05x,
-   ReLU 1.01x, add + ReLU 0.995x.  A stand-alone loop (bench/probes/seqp.c) shows why: after the
-   backwards walk in 64 KiB blocks both the apply and the next call's reduction ran slower
-   (3.6 and 2.6 ms against 3.1 and 2.2 ms, 89 MB of 960-channel rows).  16-bit data keep the
-   backwards walk and its prefetch there (bf16 64x960x28x28 0.86-0.90x, 64x576x34x34 0.75x
-   forwards); an earlier session measured 32x256x56x56 at 0.96x forwards in another phase. */
+   32x512x28x28 0.96x).  Beyond 64 MiB for f32 rows of up to 4 KiB only (seventeenth
+   session, paired against the backwards walk, 7-9 rounds): 64x960x19x19 1.07-1.17x,
+   64x896x20x20 1.14-1.22x, 64x720x22x22 1.08x, 64x576x24x24 1.07-1.22x, 128x576x17x17
+   1.09-1.19x, 32x256x56x56 1.04-1.26x, 32x192x56x56 1.09-1.21x, 64x1024x18x18 1.05-1.23x,
+   ReLU 0.83-1.49x (1.08x paired on 128x576x17x17 and 64x576x24x24), add + ReLU 0.995x.
+   A stand-alone loop (bench/probes/seqp.c) shows why: after the backwards walk in 64 KiB
+   blocks both the apply and the next call's reduction ran slower (3.6 and 2.6 ms against 3.1
+   and 2.2 ms, 89 MB of 960-channel rows).  Wider rows keep the backwards walk (forwards:
+   64x1152x17x17 0.97x, 64x1280x16x16 0.95x, 16x1280x34x34 0.95x, 64x1344x16x16 0.95x,
+   64x1536x15x15 0.995x, 64x2048x13x13 0.99x), and so do 16-bit data (bf16 64x960x28x28
+   0.86-0.90x, 64x576x34x34 0.75x forwards); an earlier session measured 32x256x56x56 at
+   0.96x forwards in another phase. */
 #define NORM_FWD_WALK_MAX_C 128
-#define NORM_BWD_FWD_WALK_MAX_BYTES ((int64_t)64 << 20) /* 16-bit data */
+#define NORM_BWD_FWD_WALK_MAX_BYTES ((int64_t)64 << 20) /* beyond: f32 rows of up to 4 KiB */
+#define NORM_BWD_FWD_WALK_FAR_ROW 4096
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
   /* forwards, prefetching ahead (no reduction, or narrow rows); or forwards without prefetch
-     (the backward's wider rows beyond 16 MiB on AVX-512: f32 at any size, 16-bit data up to
-     64 MiB) */
+     (the backward's wider rows of 16-64 MiB on AVX-512, and beyond for f32 rows of up to
+     4 KiB) */
   const int ahead = !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C);
+  const int far_ok = jb->g->esize == 4 && c * 4 <= NORM_BWD_FWD_WALK_FAR_ROW;
   if (ahead || (jb->dy && jb->pf &&
-                (jb->g->esize == 4 ||
-                 jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES) &&
+                (far_ok || jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES) &&
                 bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512)) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
