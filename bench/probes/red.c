@@ -3,6 +3,7 @@
    2: raw read (fma of x*y into 2 registers)     3: rows by fours + software prefetch 4 rows ahead
    4, 5: rows by twos, by eights (a loop over the rows)   7: rows by eights, unrolled */
 #include <immintrin.h>
+#include "sums4.h"
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,14 +22,7 @@ int main(int argc,char**argv){
     {int th=omp_get_thread_num(),nt=omp_get_num_threads();size_t r0=rows*th/nt,r1=rows*(th+1)/nt;
      float *s=aligned_alloc(64,3*C*4); for(long j=0;j<3*C;j++)s[j]=0;
      float *s1=s,*s2=s+C,*s3=s+2*C;
-     if(mode==0||mode==3){ size_t q=r0; for(;q+4<=r1;q+=4){ const float*a=x+q*C,*b=y+q*C;
-        if(mode==3) for(long j=0;j<4*C;j+=16){_mm_prefetch((const char*)(a+4*C+j),_MM_HINT_T0);_mm_prefetch((const char*)(b+4*C+j),_MM_HINT_T0);}
-        for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j);
-          __m512 h0=_mm512_fmadd_ps(_mm512_load_ps(a+j),xs,xo),h1=_mm512_fmadd_ps(_mm512_load_ps(a+C+j),xs,xo),h2=_mm512_fmadd_ps(_mm512_load_ps(a+2*C+j),xs,xo),h3=_mm512_fmadd_ps(_mm512_load_ps(a+3*C+j),xs,xo);
-          __m512 g0=_mm512_load_ps(b+j),g1=_mm512_load_ps(b+C+j),g2=_mm512_load_ps(b+2*C+j),g3=_mm512_load_ps(b+3*C+j);
-          _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),_mm512_add_ps(_mm512_add_ps(g0,g1),_mm512_add_ps(g2,g3))));
-          _mm512_store_ps(s2+j,_mm512_add_ps(_mm512_load_ps(s2+j),_mm512_fmadd_ps(g0,h0,_mm512_fmadd_ps(g1,h1,_mm512_fmadd_ps(g2,h2,_mm512_mul_ps(g3,h3))))));
-          _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),_mm512_add_ps(_mm512_add_ps(h0,h1),_mm512_add_ps(h2,h3))));}}}
+     if(mode==0||mode==3) sums4(x,y,k,C,r0,r1,s,mode==3);
      else if(mode==1){ for(size_t q=r0;q<r1;q++){ const float*a=x+q*C,*b=y+q*C;
         for(long j=0;j<C;j+=16){ __m512 h=_mm512_fmadd_ps(_mm512_load_ps(a+j),_mm512_load_ps(k+j),_mm512_load_ps(k+C+j)); __m512 g=_mm512_load_ps(b+j);
           _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),g)); _mm512_store_ps(s2+j,_mm512_fmadd_ps(g,h,_mm512_load_ps(s2+j))); _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),h));}}}

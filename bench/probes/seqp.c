@@ -4,6 +4,7 @@
    backwards in 64 KiB blocks read forwards (MODE 2); medians of 21 iterations of each part.
    The apply's six per-channel constants are loaded once per four rows. */
 #include <immintrin.h>
+#include "sums4.h"
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,14 +26,8 @@ static void rows4(const float*x,const float*y,float*z,const float*c,long C,size_
     _mm512_stream_ps(z+e+j,o0);_mm512_stream_ps(z+e+C+j,o1);_mm512_stream_ps(z+e+2*C+j,o2);_mm512_stream_ps(z+e+3*C+j,o3);} }
   rows1(x,y,z,c,C,q,b); }
 static void red4(const float*x,const float*y,const float*k,long C,size_t r0,size_t r1,float*s){
-  float *s1=s,*s2=s+C,*s3=s+2*C; for(long j=0;j<3*C;j++)s[j]=0;
-  size_t q=r0; for(;q+4<=r1;q+=4){ const float*a=x+q*C,*b=y+q*C;
-   for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j);
-    __m512 h0=_mm512_fmadd_ps(_mm512_load_ps(a+j),xs,xo),h1=_mm512_fmadd_ps(_mm512_load_ps(a+C+j),xs,xo),h2=_mm512_fmadd_ps(_mm512_load_ps(a+2*C+j),xs,xo),h3=_mm512_fmadd_ps(_mm512_load_ps(a+3*C+j),xs,xo);
-    __m512 g0=_mm512_load_ps(b+j),g1=_mm512_load_ps(b+C+j),g2=_mm512_load_ps(b+2*C+j),g3=_mm512_load_ps(b+3*C+j);
-    _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),_mm512_add_ps(_mm512_add_ps(g0,g1),_mm512_add_ps(g2,g3))));
-    _mm512_store_ps(s2+j,_mm512_add_ps(_mm512_load_ps(s2+j),_mm512_fmadd_ps(g0,h0,_mm512_fmadd_ps(g1,h1,_mm512_fmadd_ps(g2,h2,_mm512_mul_ps(g3,h3))))));
-    _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),_mm512_add_ps(_mm512_add_ps(h0,h1),_mm512_add_ps(h2,h3))));}}}
+  for(long j=0;j<3*C;j++)s[j]=0;
+  sums4(x,y,k,C,r0,r1,s,0); }
 int main(int argc,char**argv){
   size_t n=(size_t)atol(argv[1])<<18; long C=atol(argv[2]); int mode=atoi(argv[3]); int dored=atoi(argv[4]);
   size_t rows=n/C; n=rows*C;

@@ -39,7 +39,7 @@ static void run_case(shape sh, norma_dtype dt, unsigned flags, int threads) {
   void *x = fb, *res = fb + tb, *y = add ? fb + 2 * tb : fb + tb;
   void *dy = bb, *dx = bb + tb, *dres = bb + 2 * tb;
   tu_fill_uniform(dt, x, total, &r, -2.0, 3.0);
-  tu_fill_uniform(dt, res, total, &r, -1.0, 1.0);
+  if (add) tu_fill_uniform(dt, res, total, &r, -1.0, 1.0); /* else y's slot: left poisoned */
   tu_fill_uniform(dt, dy, total, &r, -1.0, 1.0);
   void *gamma = tu_alloc(pb), *beta = tu_alloc(pb);
   tu_fill_param(dt, gamma, c, &r, 0.5, 1.5);
