@@ -199,12 +199,28 @@ static void convert_sums(const norm_job *jb, norm_unit *u, double cnt) {
    at most 8 runs: one kernel call for them instead of eight, while the runs, a sample apart in
    memory, stay few enough for the hardware prefetchers to follow; measured on 7x7 and 14x14
    layers).  Samples per segment and chunks per run depend on s alone. */
+static int cf_split_streams(const norm_job *jb);
 static int64_t cf_chunks(const norm_job *jb) {
   return (jb->g->s + NORM_CF_CHUNK - 1) / NORM_CF_CHUNK;
 }
 static int64_t cf_spr(const norm_job *jb) {
   const int64_t v = 512 / jb->g->s;
   return v < 1 ? 1 : v > 8 ? 8 : v;
+}
+/* The samples per segment of the reductions (cf_spr is the apply's).  Where the split schedule
+   streams runs of 512 bytes or more (128-170 f32 values: cf_spr 3 or 4), a segment takes at
+   most two samples: three or four runs a sample apart per call, in x and dy, were read at
+   about two thirds of the speed of two (Zen 5, 2 threads; bench/probes/bph.c and
+   the backward's reduce alone, NCHW f32: 128x720x12x12 2.86 -> 1.94 ms, 64x1024x8x16 1.85 ->
+   0.97 ms, 128x768x12x12 3.3 -> 2.2 ms).  Paired (pair.py --twice, against 3 or 4):
+   backward 128x768x12x12 1.32x, 32x1024x12x12 1.46x, 16x512x13x13 1.19x, forward 1.18x,
+   1.09x, 1.31x.  Not for 16-bit runs (288 bytes: bf16 forward 128x768x12x12 0.86x) nor for
+   the fused schedule (10x2048x10x16 0.90-0.93x).  The segments set the order of the sums, so
+   this depends on the shape alone: both schedules, any thread count, the same bits. */
+static int64_t cf_spr_sums(const norm_job *jb) {
+  const int64_t v = cf_spr(jb);
+  if (v > 2 && jb->g->s * (int64_t)jb->g->esize >= 512 && cf_split_streams(jb)) return 2;
+  return v;
 }
 /* Channels-first runs shorter than this many bytes are applied (and a single sample's backward
    sums taken) a sample at a time, one kernel call sweeping its consecutive channels
@@ -386,7 +402,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
                          g->s, kcst(jb, u), u->cs, jb->act | BN_RUN_CHANS, s);
     for (int64_t j = 0; j < u->nc; j++) absorb(jb, u->tot, u->ts, j, 1, &s[3 * j], 1, (double)g->s);
   } else {
-    const int64_t nch = cf_chunks(jb), spr = cf_spr(jb);
+    const int64_t nch = cf_chunks(jb), spr = cf_spr_sums(jb);
     double s[3];
     for (int64_t i = u->i0; i < u->i1; i += spr) {
       const int64_t nr = u->i1 - i < spr ? u->i1 - i : spr;
@@ -630,7 +646,7 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
     const int64_t rows = urows(jb, u), len = seg_len(jb, rows);
     return (rows + len - 1) / len;
   }
-  return (u->i1 - u->i0 + cf_spr(jb) - 1) / cf_spr(jb) * cf_chunks(jb);
+  return (u->i1 - u->i0 + cf_spr_sums(jb) - 1) / cf_spr_sums(jb) * cf_chunks(jb);
 }
 /* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
    thread streaming a contiguous range) when the row segments alone share out evenly (the
@@ -681,7 +697,7 @@ typedef struct split_arg {
    channel, chunk), so that each thread streams a contiguous range of the tensor */
 static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const split_arg *sa = arg;
-  const int64_t nseg = sa->nseg, nch = cf_chunks(jb), spr = cf_spr(jb), i1 = sa->u->i1;
+  const int64_t nseg = sa->nseg, nch = cf_chunks(jb), spr = cf_spr_sums(jb), i1 = sa->u->i1;
   const int64_t c = jb->g->c;
   /* whole runs of one sample at a time (spr 1, one chunk): the statistics of its consecutive
      channels in one stats_runs call, whose passes overlap (the same bits per channel) */
@@ -879,7 +895,7 @@ static void split_apply_slow(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
 static void combine_cf(norm_job *jb, int64_t ch0, int64_t ch1, void *arg) {
   const split_arg *sa = arg;
   const norm_unit *u = sa->u;
-  const int64_t c = jb->g->c, nseg = sa->nseg, nch = cf_chunks(jb), spr = cf_spr(jb);
+  const int64_t c = jb->g->c, nseg = sa->nseg, nch = cf_chunks(jb), spr = cf_spr_sums(jb);
   for (int64_t ch = ch0; ch < ch1; ch++)
     for (int64_t seg = 0; seg < nseg; seg++) {
       const int64_t i = u->i0 + seg / nch * spr, nr = u->i1 - i < spr ? u->i1 - i : spr;

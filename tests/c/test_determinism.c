@@ -252,6 +252,10 @@ int main(void) {
     det_case(16, 2048, 361, NORMA_CHANNELS_LAST, NORMA_BF16, NORMA_BN_RELU, 32, 0.0);
     /* and beyond NORM_SEQ_BYTES (50 MB): the backward's sums of wide rows by fours */
     det_case(12, 720, 1444, NORMA_CHANNELS_LAST, NORMA_F32, 0, 33, 0.0);
+    /* channels-first runs of 144 f32 values that stream (4.9 MB): two samples a segment in
+       the reductions (cf_spr_sums), three in the apply, an odd sample last */
+    det_case(33, 256, 144, NORMA_CHANNELS_FIRST, NORMA_F32, 0, 34, 0.0);
+    det_case(33, 256, 144, NORMA_CHANNELS_FIRST, NORMA_F32, NORMA_BN_ADD_RELU, 35, 0.0);
   }
   test_concurrent();
   static const char *opn[3] = {"forward_training", "forward_inference", "backward"};
