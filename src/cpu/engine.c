@@ -850,23 +850,32 @@ static void apply_whole_rows(const norm_job *jb, const norm_unit *u, int64_t r0,
    blocks both the apply and the next call's reduction ran slower (3.6 and 2.6 ms against 3.1
    and 2.2 ms, 89 MB of 960-channel rows).  Wider rows keep the backwards walk (forwards:
    64x1152x17x17 0.97x, 64x1280x16x16 0.95x, 16x1280x34x34 0.95x, 64x1344x16x16 0.95x,
-   64x1536x15x15 0.995x, 64x2048x13x13 0.99x), and so do 16-bit data (bf16 64x960x28x28
-   0.86-0.90x, 64x576x34x34 0.75x forwards); an earlier session measured 32x256x56x56 at
-   0.96x forwards in another phase. */
+   64x1536x15x15 0.995x, 64x2048x13x13 0.99x).  The backward's 16-bit rows walked forwards
+   without prefetch lost (bf16 64x960x28x28 0.86-0.90x, 64x576x34x34 0.75x); forwards with
+   the prefetch ahead they gain on tensors of 16-64 MiB (eighteenth session, Zen 5, 2 threads,
+   pair.py --twice against the walk without prefetch): bf16 32x512x28x28 1.23-1.26x, ReLU
+   1.21x, add + ReLU 1.24x, f16 1.23x, 64x1024x14x14 1.12x, 128x2048x7x7 1.05x,
+   32x256x56x56 and 32x192x56x56 even.  Beyond 64 MiB (against the backwards walk) the runs
+   disagreed, so those keep it: bf16 64x960x28x28 1.155x then 1.13x (rounds 0.76-1.44),
+   64x576x34x34 1.16x then 0.98x, ReLU 0.975x, f16 64x960x28x28 1.006x.  AVX-512 only (AVX2
+   bf16 0.99x / 1.02x); the training forward's apply keeps its walk (bf16 32x512x28x28 0.965x,
+   64x576x34x34 1.10x). */
 #define NORM_FWD_WALK_MAX_C 128
 #define NORM_BWD_FWD_WALK_MAX_BYTES ((int64_t)64 << 20) /* beyond: f32 rows of up to 4 KiB */
 #define NORM_BWD_FWD_WALK_FAR_ROW 4096
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
-  /* forwards, prefetching ahead (no reduction, or narrow rows); or forwards without prefetch
-     (the backward's wider rows of 16-64 MiB on AVX-512, and beyond for f32 rows of up to
-     4 KiB) */
-  const int ahead = !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C);
+  /* forwards, prefetching ahead (no reduction, narrow rows, or the backward's 16-bit rows of
+     16-64 MiB on AVX-512); or forwards without prefetch (the backward's wider f32 rows of
+     16-64 MiB on AVX-512, and beyond for rows of up to 4 KiB) */
+  const int bwd512 = jb->dy && jb->pf && bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512;
+  const int mid = jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES;
+  const int ahead =
+      !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C) || (bwd512 && jb->g->esize == 2 && mid);
   const int far_ok = jb->g->esize == 4 && c * 4 <= NORM_BWD_FWD_WALK_FAR_ROW;
-  if (ahead || (jb->dy && jb->pf &&
-                (far_ok || jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES) &&
-                bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512)) {
+  if (ahead ||
+      (bwd512 && (far_ok || mid))) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
       apply_whole_rows(jb, sa->u, base + lo, base + hi, ahead ? jb->pf : 0);

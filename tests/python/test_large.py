@@ -152,6 +152,44 @@ def test_wide_rows_beyond_the_caches_vs_torch(shape):
     ref.assert_close(_np(xa.grad), dxr, "float32", scale=2, what="dx vs reference")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16bit_channels_last_backward_16_to_64_mib_vs_reference(dtype):
+    """A 16-bit channels-last tensor of 23 MB with rows of 600 channels (not a multiple of the
+    vector width), plain and with ReLU: on AVX-512 the backward's apply walks it forwards with
+    the prefetch ahead (split_apply_rows).  dx against the float64 reference on the same
+    rounded data, every element; 1 and 2 threads bitwise equal."""
+    g = torch.Generator().manual_seed(17)
+    tdt = DTYPES[dtype]
+    shape, c = (20, 600, 31, 31), 600
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).to(tdt)
+    x = x.to(memory_format=torch.channels_last)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(tdt)
+    dy = dy.to(memory_format=torch.channels_last)
+    w = torch.rand(c, generator=g) + 0.5
+    b = torch.randn(c, generator=g)
+    m = shape[0] * shape[2] * shape[3]
+    for relu in (False, True):
+        grads = []
+        for n in (1, 2):
+            norma.set_num_threads(n)
+            try:
+                xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
+                y = (nt.batch_norm_relu if relu else nt.batch_norm)(xa, None, None, wa, ba, True)
+                y.backward(dy)
+            finally:
+                norma.set_num_threads(0)
+            grads.append((xa.grad, wa.grad, ba.grad))
+        for a, bb in zip(*grads):
+            assert torch.equal(a, bb)
+        dxn, dwn, dbn = grads[1]
+        yr, mean, _, invstd = ref.forward_train(_np(x), _np(w), _np(b))
+        g64 = _np(dy) * (yr > 0) if relu else _np(dy)
+        dxr, dgr, dbr, _ = ref.backward(g64, _np(x), mean, invstd, _np(w))
+        ref.assert_close(_np(dxn), dxr, dtype, scale=2, what="dx relu=%s" % relu)
+        ref.assert_close(_np(dwn), dgr, "float32", scale=math.sqrt(m) * 4, what="dweight")
+        ref.assert_close(_np(dbn), dbr, "float32", scale=math.sqrt(m) * 4, what="dbias")
+
+
 _SCHEDULE_SCRIPT = r"""
 import sys, numpy as np, norma
 out = sys.argv[1]
