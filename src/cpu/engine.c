@@ -199,7 +199,6 @@ static void convert_sums(const norm_job *jb, norm_unit *u, double cnt) {
    at most 8 runs: one kernel call for them instead of eight, while the runs, a sample apart in
    memory, stay few enough for the hardware prefetchers to follow; measured on 7x7 and 14x14
    layers).  Samples per segment and chunks per run depend on s alone. */
-static int cf_split_streams(const norm_job *jb);
 static int64_t cf_chunks(const norm_job *jb) {
   return (jb->g->s + NORM_CF_CHUNK - 1) / NORM_CF_CHUNK;
 }
@@ -210,13 +209,14 @@ static int64_t cf_spr(const norm_job *jb) {
 /* The samples per segment of the reductions (cf_spr is the apply's).  Where the split schedule
    streams runs of 512 bytes or more (128-170 f32 values: cf_spr 3 or 4), a segment takes at
    most two samples: three or four runs a sample apart per call, in x and dy, were read at
-   about two thirds of the speed of two (Zen 5, 2 threads; bench/probes/bph.c and
-   the backward's reduce alone, NCHW f32: 128x720x12x12 2.86 -> 1.94 ms, 64x1024x8x16 1.85 ->
-   0.97 ms, 128x768x12x12 3.3 -> 2.2 ms).  Paired (pair.py --twice, against 3 or 4):
+   about two thirds of the speed of two (Zen 5, 2 threads, the backward's reduce alone in
+   bench/probes/bph.c, NCHW f32: 128x720x12x12 2.86 -> 1.94 ms, 64x1024x8x16 1.85 -> 0.97 ms,
+   128x768x12x12 3.3 -> 2.2 ms).  Paired (pair.py --twice, against 3 or 4):
    backward 128x768x12x12 1.32x, 32x1024x12x12 1.46x, 16x512x13x13 1.19x, forward 1.18x,
    1.09x, 1.31x.  Not for 16-bit runs (288 bytes: bf16 forward 128x768x12x12 0.86x) nor for
    the fused schedule (10x2048x10x16 0.90-0.93x).  The segments set the order of the sums, so
    this depends on the shape alone: both schedules, any thread count, the same bits. */
+static int cf_split_streams(const norm_job *jb);
 static int64_t cf_spr_sums(const norm_job *jb) {
   const int64_t v = cf_spr(jb);
   if (v > 2 && jb->g->s * (int64_t)jb->g->esize >= 512 && cf_split_streams(jb)) return 2;
@@ -874,8 +874,7 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const int ahead =
       !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C) || (bwd512 && jb->g->esize == 2 && mid);
   const int far_ok = jb->g->esize == 4 && c * 4 <= NORM_BWD_FWD_WALK_FAR_ROW;
-  if (ahead ||
-      (bwd512 && (far_ok || mid))) {
+  if (ahead || (bwd512 && (far_ok || mid))) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
       apply_whole_rows(jb, sa->u, base + lo, base + hi, ahead ? jb->pf : 0);
