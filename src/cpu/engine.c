@@ -646,7 +646,8 @@ static int64_t nsegments(const norm_job *jb, const norm_unit *u) {
     const int64_t rows = urows(jb, u), len = seg_len(jb, rows);
     return (rows + len - 1) / len;
   }
-  return (u->i1 - u->i0 + cf_spr_sums(jb) - 1) / cf_spr_sums(jb) * cf_chunks(jb);
+  const int64_t spr = cf_spr_sums(jb);
+  return (u->i1 - u->i0 + spr - 1) / spr * cf_chunks(jb);
 }
 /* Channels per rows-form work item of the split reduction: whole rows (memory in order, each
    thread streaming a contiguous range) when the row segments alone share out evenly (the
