@@ -496,7 +496,7 @@ static void apply_rows_f(const norm_job *jb, const norm_unit *u, int64_t r0, int
   if (jb->dy)
     jb->uk->bwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e),
                      tptr_w(jb, jb->out, e), tptr_w(jb, jb->dres, e), r1 - r0, g->c, nc, k, u->cs,
-                     g->act | jb->store | pf | jb->seq);
+                     g->act | jb->store | pf | jb->seq | jb->one);
   else
     jb->uk->fwd_rows(tptr(jb, jb->x, e), tptr(jb, jb->res, e), tptr_w(jb, jb->out, e), r1 - r0,
                      g->c, nc, k, u->cs, g->act | jb->store | pf);
@@ -1237,6 +1237,24 @@ static int bn_threads(const norm_job *jb) {
   return work < need ? 1 : norma__threads();
 }
 
+/* The backward's apply of f32 channels-last rows with streaming stores goes by fours on
+   AVX-512 (see bwd_rows_block).  Far beyond the caches, without an activation, a row at a time
+   was faster for rows of up to 3 KiB: it streams x and dy and writes dx in address order where
+   the fours keep eight reads and four writes in flight.  Measured (nineteenth session, Zen 5,
+   2 threads, the whole backward, one process alternating both ways over 20-30 rounds, median
+   ratio): 32x512x28x28 1.064x, 16x672x30x30 1.039x, 48x768x27x27 1.035x, 64x768x20x20 1.028x,
+   128x768x12x12 1.021x, 32x576x28x28 1.024x (the same path both ways: 1.010x, quartiles
+   0.99-1.035).  Not below 32 MiB (16x512x28x28 1.031x, but 8x672x30x30 0.965x, 16x768x20x20
+   0.965x), for rows of 4 KiB and wider (16x1024x20x20
+   0.95x, 32x1024x24x24 0.99x, 32x2048x14x14 0.96x), with ReLU, which reads y too
+   (32x512x28x28 0.967x, 64x768x20x20 0.919x), or for bf16 (pair.py: 32x512x28x28 0.81x). */
+#define NORM_BWD_ONE_ROW_MAX 3072 /* bytes of a row: 768 f32 */
+static int norm_bwd_one_row(const norm_geom *g) {
+  return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
+         g->act == BN_ACT_NONE && g->total * (int64_t)g->esize > NORM_SEQ_BYTES &&
+         g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
+}
+
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
@@ -1267,6 +1285,7 @@ void norm_plan_job(norm_job *jb) {
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
   jb->seq = g->total * (int64_t)g->esize > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
+  jb->one = norm_bwd_one_row(g) ? BN_ROWS_ONE : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */

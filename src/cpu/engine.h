@@ -136,6 +136,7 @@ struct norm_job {
   int pf;          /* BN_PF_AHEAD when the rows kernels should prefetch (a tensor beyond the
                       caches), else 0 */
   int seq;         /* BN_ROWS_SEQ beyond NORM_SEQ_BYTES, else 0 */
+  int one;         /* BN_ROWS_ONE where the backward's apply goes a row at a time, else 0 */
   int nsums;       /* SUMS_* */
   int act;         /* the activation the reduction kernels see (the geometry's) */
   int split;       /* the op asks for the split schedule (BatchNorm's wide rows) */

@@ -58,6 +58,10 @@
    caches (NORM_SEQ_BYTES), so the kernels read whole rows in address order (ukernels_vec.inc,
    "rows in address order"); the bits are those without it */
 #define BN_ROWS_SEQ 0x1000
+/* or-ed into the `act` argument of bwd_rows: with streaming stores, a row at a time instead of
+   rows by fours (the engine's choice: NORM_BWD_ONE_ROW in engine.c); the bits are those
+   without it */
+#define BN_ROWS_ONE 0x2000
 #define BN_ACT_MASK 0xff
 /* rows over which bwd_sums_rows keeps a sum in the compute type before it goes to double */
 #define BN_SUMS_BLOCK_ROWS 64

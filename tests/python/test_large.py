@@ -128,8 +128,10 @@ def test_wide_rows_beyond_the_caches_vs_torch(shape):
     """Channels-last tensors beyond the caches with wide rows: 16x14x14x1344 (16.9 MB, 3136
     rows in equal segments where 1024-row ones would share out unevenly), 12x38x38x720
     (50 MB, whose backward sums go by fours) and 16x44x44x576 (71 MB, beyond 64 MiB: the f32
-    backward's apply walks forwards there), training forward and backward against torch,
-    dx also against the float64 reference."""
+    backward's apply walks forwards there).  Training forward and backward with 1 thread and
+    norma.torch's store policy (no streaming stores beyond 32 MiB), and with 2 threads and the
+    library's (streaming stores: there the apply of the last two goes a row at a time),
+    bitwise equal, against torch; dx also against the float64 reference."""
     g = torch.Generator().manual_seed(11)
     c = shape[1]
     x = (torch.randn(shape, generator=g) * 2 + 1).to(memory_format=torch.channels_last)
@@ -137,9 +139,21 @@ def test_wide_rows_beyond_the_caches_vs_torch(shape):
     w = torch.rand(c, generator=g) + 0.5
     b = torch.randn(c, generator=g)
     m = shape[0] * shape[2] * shape[3]
-    xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
-    y = nt.batch_norm(xa, None, None, wa, ba, True)
-    y.backward(dy)
+    runs = []
+    for n in (1, 2):
+        norma.set_num_threads(n)
+        if n == 2:
+            norma.set_streaming_stores(0)  # the library's range, not norma.torch's 32 MiB cap
+        try:
+            xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
+            y = nt.batch_norm(xa, None, None, wa, ba, True)
+            y.backward(dy)
+        finally:
+            norma.set_num_threads(0)
+            nt._streaming_policy()
+        runs.append((y, xa.grad, wa.grad, ba.grad))
+    for u, v in zip(*runs):
+        assert torch.equal(u, v)
     xb, wb, bb = (t.clone().requires_grad_() for t in (x, w, b))
     yt = F.batch_norm(xb, None, None, wb, bb, True)
     yt.backward(dy)
