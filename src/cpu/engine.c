@@ -1239,16 +1239,18 @@ static int bn_threads(const norm_job *jb) {
 
 /* The backward's apply of f32 channels-last rows with streaming stores goes by fours on
    AVX-512 (see bwd_rows_block).  Far beyond the caches, without an activation, a row at a time
-   was faster for rows of up to 3 KiB: it streams x and dy and writes dx in address order where
-   the fours keep eight reads and four writes in flight.  Measured (nineteenth session, Zen 5,
-   2 threads, the whole backward, one process alternating both ways over 20-30 rounds, median
-   ratio): 32x512x28x28 1.064x, 16x672x30x30 1.039x, 48x768x27x27 1.035x, 64x768x20x20 1.028x,
-   128x768x12x12 1.021x, 32x576x28x28 1.024x (the same path both ways: 1.010x, quartiles
-   0.99-1.035).  Not below 32 MiB (16x512x28x28 1.031x, but 8x672x30x30 0.965x, 16x768x20x20
-   0.965x), for rows of 4 KiB and wider (16x1024x20x20
+   was faster for rows of up to 672 channels: it streams x and dy and writes dx in address
+   order where the fours keep eight reads and four writes in flight.  Measured (nineteenth
+   session, Zen 5, 2 threads, the whole backward): in one process alternating both ways over
+   20-30 rounds (median ratio; the same path both ways gave 1.010x, quartiles 0.99-1.035)
+   32x512x28x28 1.064x, 16x672x30x30 1.039x, 32x576x28x28 1.024x; pair.py --twice against the
+   library before, 9 rounds, 32x512x28x28 1.06x, 64x512x28x28 1.086x.  Rows of 768 channels
+   were even (48x768x27x27 1.035x in one process, 0.957x and 1.015x paired; 64x768x20x20
+   1.03-1.10x; 16x768x28x28 0.95-1.015x).  Not below 32 MiB (16x512x28x28 1.031x, but
+   8x672x30x30 0.965x, 16x768x20x20 0.965x), for rows of 4 KiB and wider (16x1024x20x20
    0.95x, 32x1024x24x24 0.99x, 32x2048x14x14 0.96x), with ReLU, which reads y too
    (32x512x28x28 0.967x, 64x768x20x20 0.919x), or for bf16 (pair.py: 32x512x28x28 0.81x). */
-#define NORM_BWD_ONE_ROW_MAX 3072 /* bytes of a row: 768 f32 */
+#define NORM_BWD_ONE_ROW_MAX 2688 /* bytes of a row: 672 f32 */
 static int norm_bwd_one_row(const norm_geom *g) {
   return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
          g->act == BN_ACT_NONE && g->total * (int64_t)g->esize > NORM_SEQ_BYTES &&
