@@ -59,7 +59,7 @@
    "rows in address order"); the bits are those without it */
 #define BN_ROWS_SEQ 0x1000
 /* or-ed into the `act` argument of bwd_rows: with streaming stores, a row at a time instead of
-   rows by fours (the engine's choice: NORM_BWD_ONE_ROW in engine.c); the bits are those
+   rows by fours (the engine's choice: norm_bwd_one_row in engine.c); the bits are those
    without it */
 #define BN_ROWS_ONE 0x2000
 #define BN_ACT_MASK 0xff

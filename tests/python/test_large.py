@@ -20,6 +20,16 @@ from conftest import PYDIR
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
 
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    """Two threads for norma in every test here (a test may set its own): importing torch
+    leaves OpenMP's default at torch's thread count, one on a 2-vCPU machine, and these
+    shapes are here for the parallel paths."""
+    norma.set_num_threads(2)
+    yield
+    norma.set_num_threads(0)
+
 # (shape, memory format)
 CASES = [
     ((4, 67, 15, 15), None),                      # 60k values, C = 64 + 3
