@@ -1251,9 +1251,9 @@ static int bn_threads(const norm_job *jb) {
    0.95x, 32x1024x24x24 0.99x, 32x2048x14x14 0.96x), with ReLU, which reads y too
    (32x512x28x28 0.967x, 64x768x20x20 0.919x), or for bf16 (pair.py: 32x512x28x28 0.81x). */
 #define NORM_BWD_ONE_ROW_MAX 2688 /* bytes of a row: 672 f32 */
-static int norm_bwd_one_row(const norm_geom *g) {
+static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
   return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
-         g->act == BN_ACT_NONE && g->total * (int64_t)g->esize > NORM_SEQ_BYTES &&
+         g->act == BN_ACT_NONE && bytes > NORM_SEQ_BYTES &&
          g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
 }
 
@@ -1285,9 +1285,10 @@ void norm_plan_job(norm_job *jb) {
   jb->store =
       whole_lines && norm_bn_nt_store(g, jb->nsums == SUMS_BWD || jb->dy != NULL) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
-  jb->pf = g->total * (int64_t)g->esize > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
-  jb->seq = g->total * (int64_t)g->esize > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
-  jb->one = norm_bwd_one_row(g) ? BN_ROWS_ONE : 0;
+  const int64_t bytes = g->total * (int64_t)g->esize;
+  jb->pf = bytes > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
+  jb->seq = bytes > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
+  jb->one = norm_bwd_one_row(g, bytes) ? BN_ROWS_ONE : 0;
 }
 
 /* ---- running a job ---------------------------------------------------------------------- */
