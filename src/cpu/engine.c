@@ -867,9 +867,10 @@ static void apply_whole_rows(const norm_job *jb, const norm_unit *u, int64_t r0,
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u), c = jb->g->c;
-  /* forwards, prefetching ahead (no reduction, narrow rows, or the backward's 16-bit rows of
-     16-64 MiB on AVX-512); or forwards without prefetch (the backward's wider f32 rows of
-     16-64 MiB on AVX-512, and beyond for rows of up to 4 KiB) */
+  /* forwards, prefetching ahead (no reduction, narrow rows, the backward's 16-bit rows of
+     16-64 MiB on AVX-512, or its rows a row at a time: jb->one); or forwards without prefetch
+     (the backward's wider f32 rows of 16-64 MiB on AVX-512, and beyond for rows of up to
+     4 KiB) */
   const int bwd512 = jb->dy && jb->pf && bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512;
   const int mid = jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES;
   const int ahead =
@@ -878,7 +879,7 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   if (ahead || (bwd512 && (far_ok || mid))) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
-      apply_whole_rows(jb, sa->u, base + lo, base + hi, ahead ? jb->pf : 0);
+      apply_whole_rows(jb, sa->u, base + lo, base + hi, ahead || jb->one ? jb->pf : 0);
     }
     return;
   }
@@ -1249,12 +1250,18 @@ static int bn_threads(const norm_job *jb) {
    1.03-1.10x; 16x768x28x28 0.95-1.015x).  Not below 32 MiB (16x512x28x28 1.031x, but
    8x672x30x30 0.965x, 16x768x20x20 0.965x), for rows of 4 KiB and wider (16x1024x20x20
    0.95x, 32x1024x24x24 0.99x, 32x2048x14x14 0.96x), with ReLU, which reads y too
-   (32x512x28x28 0.967x, 64x768x20x20 0.919x), or for bf16 (pair.py: 32x512x28x28 0.81x). */
+   (32x512x28x28 0.967x, 64x768x20x20 0.919x), or for bf16 (pair.py: 32x512x28x28 0.81x).
+   The twentieth session added the prefetch 4 KiB ahead (ONE_PF_BYTES in bwd_rows_block,
+   AVX-512's forwards walk, split_apply_rows); with it ReLU and add + ReLU gain too.  pair.py
+   --twice against the walk without it (Zen 5, 2 threads, 5 rounds): 29x576x28x28 1.18x and
+   1.23x (7 rounds), 16x672x30x30 1.10x, 64x512x28x28 1.12x and 1.10x, ReLU 29x576x28x28
+   1.02x, 32x512x28x28 1.11x, 16x672x30x30 1.25x, add + ReLU 29x576x28x28 1.14x.  Not wider
+   rows (`bph`, the apply alone: 16x30x30x768 1.04x, 64x19x19x960 0.79-0.85x, 16x30x30x1344
+   0.83-0.98x) nor bf16 (58x576x28x28 0.98x, 64x512x28x28 0.98x). */
 #define NORM_BWD_ONE_ROW_MAX 2688 /* bytes of a row: 672 f32 */
 static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
   return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
-         g->act == BN_ACT_NONE && bytes > NORM_SEQ_BYTES &&
-         g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
+         bytes > NORM_SEQ_BYTES && g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
 }
 
 void norm_plan_job(norm_job *jb) {

@@ -10,8 +10,9 @@
  * against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which every
  * vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test does
  * not model, against the sums without the flag within rounding); likewise the backward's
- * apply (bwd_rows, dx and
- * dresidual), which walks a row at a time in address order under the flag; and the
+ * apply (bwd_rows, dx and dresidual), which walks a row at a time in address order under the
+ * flag, and with streaming stores a row at a time under BN_ROWS_ONE (rows by fours without
+ * it on AVX-512); and the
  * channels-first statistics of consecutive runs (stats_runs) against one run at a time, on
  * every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
  */
@@ -139,6 +140,45 @@ static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
     }
 }
 
+/* the backward's apply with streaming stores a row at a time (BN_ROWS_ONE, with its prefetch)
+   against the same rows by fours: rows of whole lines (streaming stores need 64-byte
+   alignment), row counts around the fours, every activation */
+static void check_apply_one(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t widths[] = {16, 64, 512, 576, 672};
+  static const int64_t rowss[] = {1, 3, 4, 5, 9, 67};
+  static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU};
+  if (!uk || !uk->bwd_rows) return;
+  const size_t es = tu_esize(dt);
+  tu_rng r = tu_rng_make(83);
+  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
+      const size_t tb = ((size_t)n * es + 63) / 64 * 64;
+      void *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb), *o[4];
+      for (int k = 0; k < 4; k++) o[k] = aligned_alloc(64, tb);
+      float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
+      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
+      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
+      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
+      for (int64_t j = 0; j < c; j++) {
+        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
+        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
+      }
+      for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
+        const int act = acts[ai] | BN_PF_AHEAD | BN_STORE_NT;
+        for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
+        uk->bwd_rows(x, y, dy, o[0], o[1], rows, c, c, cst, c, act);
+        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | BN_ROWS_ONE);
+        TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
+                 "%s dtype %d act %d: the apply of %lld rows of %lld channels with streaming "
+                 "stores differs a row at a time (BN_ROWS_ONE)", isa, (int)dt, acts[ai],
+                 (long long)rows, (long long)c);
+      }
+      free(x), free(y), free(dy), free(cst);
+      for (int k = 0; k < 4; k++) free(o[k]);
+    }
+}
+
 /* the channels-first statistics of a sample's consecutive channels (stats_runs, whose vector
    kernels overlap pass 2 of one run with pass 1 of the next) against stats_run run by run:
    lengths around the 32-value steps, 1 to 9 runs, data far from zero, constant runs (anchor
@@ -177,6 +217,7 @@ static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
+  check_apply_one(isa, uk, dt);
   check_runs(isa, uk, dt);
 }
 
