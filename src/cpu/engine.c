@@ -1257,11 +1257,14 @@ static int bn_threads(const norm_job *jb) {
    1.23x (7 rounds), 16x672x30x30 1.10x, 64x512x28x28 1.12x and 1.10x, ReLU 29x576x28x28
    1.02x, 32x512x28x28 1.11x, 16x672x30x30 1.25x, add + ReLU 29x576x28x28 1.14x.  Not wider
    rows (`bph`, the apply alone: 16x30x30x768 1.04x, 64x19x19x960 0.79-0.85x, 16x30x30x1344
-   0.83-0.98x) nor bf16 (58x576x28x28 0.98x, 64x512x28x28 0.98x). */
+   0.83-0.98x) nor bf16 (58x576x28x28 0.98x, 64x512x28x28 0.98x), nor the rows of AVX-512's
+   strips (up to 480 channels), which the flag's prefetch slowed (`bph`, the apply alone, ms):
+   63x21x21x384 2.55-2.62 against 1.57-1.71, 32x32x32x288 2.32-2.38 against 1.48. */
 #define NORM_BWD_ONE_ROW_MAX 2688 /* bytes of a row: 672 f32 */
 static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
   return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
-         bytes > NORM_SEQ_BYTES && g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
+         bytes > NORM_SEQ_BYTES && g->c >= BN_SEQ_ROW_MIN &&
+         g->c * (int64_t)g->esize <= NORM_BWD_ONE_ROW_MAX;
 }
 
 void norm_plan_job(norm_job *jb) {

@@ -5,8 +5,8 @@
  * so each ISA's bwd_sums_rows is called on the same block with and without the flags and the
  * sums compared bit for bit: f32 / bf16 / f16, every activation, widths with every tail of 8
  * and 16 lanes (1 .. 1024 channels, and 1040, which the sequential walk does not take), row
- * counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Wider rows, up to
- * BN_SEQ_SUMS_MAX, add a row at a time under the flag: their sums are checked bit for bit
+ * counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Rows of BN_SEQ_ROW_MIN to
+ * BN_SEQ_SUMS_MAX channels add a row at a time under the flag: their sums are checked bit for bit
  * against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which every
  * vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test does
  * not model, against the sums without the flag within rounding); likewise the backward's
@@ -22,7 +22,7 @@
 
 static int same_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
 
-/* the sums of rows of BN_SEQ_FOURS_MAX + 1 .. BN_SEQ_SUMS_MAX channels under BN_ROWS_SEQ: in
+/* the sums of rows of BN_SEQ_ROW_MIN .. BN_SEQ_SUMS_MAX channels under BN_ROWS_SEQ: in
    each block of BN_SUMS_BLOCK_ROWS rows a row at a time in f32, x_hat = fmaf(x, xs, xo),
    g = dy (where y > 0 with an activation), s2 = fmaf(g, x_hat, s2); the blocks added in double */
 static void seq_row_sums(norma_dtype dt, const void *x, const void *y, const void *dy,
@@ -46,7 +46,7 @@ static void seq_row_sums(norma_dtype dt, const void *x, const void *y, const voi
 }
 
 static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
-  static const int64_t widths[] = {1, 3, 8, 16, 17, 64, 100, 255, 256, 257, 1000, 1024, 1040};
+  static const int64_t widths[] = {1, 3, 8, 16, 17, 64, 100, 255, 256, 257, 480, 481, 1000, 1024, 1040};
   static const int64_t rowss[] = {1, 3, 4, 5, 63, 64, 65, 130};
   static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
   if (!uk || !uk->bwd_sums_rows) {
@@ -75,7 +75,7 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act, o[0], o[1], o[2]);
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, o[3], o[4], o[5]);
         int ok = 1;
-        if (c <= BN_SEQ_FOURS_MAX || c > BN_SEQ_SUMS_MAX) {
+        if (c <= BN_SEQ_FOURS_MAX || c < BN_SEQ_ROW_MIN || c > BN_SEQ_SUMS_MAX) {
           for (int64_t j = 0; j < c; j++)
             ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
           TU_CHECK(ok, "%s dtype %d act %d: %lld rows of %lld channels: the sums differ with the "
