@@ -103,54 +103,17 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
     }
 }
 
-/* the backward's apply (bwd_rows): dx and dresidual, a row at a time in address order
-   against the strips / rows by fours, every activation */
-static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
-  static const int64_t widths[] = {1, 3, 16, 17, 64, 100, 255, 256, 257};
+/* the backward's apply (bwd_rows): dx and dresidual, with the flags `base` and with `base |
+   flag`, bit for bit, every activation; the buffers 64-byte aligned for streaming stores */
+static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype dt,
+                             const int64_t *widths, size_t nw, int base, int flag, uint64_t seed,
+                             const char *what) {
   static const int64_t rowss[] = {1, 3, 4, 5, 9, 64, 67};
   static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
   if (!uk || !uk->bwd_rows) return;
   const size_t es = tu_esize(dt);
-  tu_rng r = tu_rng_make(79);
-  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
-    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
-      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
-      const size_t tb = (size_t)n * es;
-      void *x = malloc(tb), *y = malloc(tb), *dy = malloc(tb), *o[4];
-      for (int k = 0; k < 4; k++) o[k] = malloc(tb);
-      float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
-      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
-      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
-      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
-      for (int64_t j = 0; j < c; j++) {
-        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
-        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
-      }
-      for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
-        const int act = acts[ai];
-        for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
-        uk->bwd_rows(x, y, dy, o[0], o[1], rows, c, c, cst, c, act | BN_PF_AHEAD);
-        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ);
-        TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
-                 "%s dtype %d act %d: the apply of %lld rows of %lld channels differs with the "
-                 "rows in order (BN_ROWS_SEQ)", isa, (int)dt, act, (long long)rows, (long long)c);
-      }
-      free(x), free(y), free(dy), free(cst);
-      for (int k = 0; k < 4; k++) free(o[k]);
-    }
-}
-
-/* the backward's apply with streaming stores a row at a time (BN_ROWS_ONE, with its prefetch)
-   against the same rows by fours: rows of whole lines (streaming stores need 64-byte
-   alignment), row counts around the fours, every activation */
-static void check_apply_one(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
-  static const int64_t widths[] = {16, 64, 512, 576, 672};
-  static const int64_t rowss[] = {1, 3, 4, 5, 9, 67};
-  static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU};
-  if (!uk || !uk->bwd_rows) return;
-  const size_t es = tu_esize(dt);
-  tu_rng r = tu_rng_make(83);
-  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+  tu_rng r = tu_rng_make(seed);
+  for (size_t wi = 0; wi < nw; wi++)
     for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
       const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
       const size_t tb = ((size_t)n * es + 63) / 64 * 64;
@@ -165,18 +128,30 @@ static void check_apply_one(const char *isa, const bn_ukernels *uk, norma_dtype 
         for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
       }
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
-        const int act = acts[ai] | BN_PF_AHEAD | BN_STORE_NT;
+        const int act = acts[ai] | base;
         for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
         uk->bwd_rows(x, y, dy, o[0], o[1], rows, c, c, cst, c, act);
-        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | BN_ROWS_ONE);
+        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | flag);
         TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
-                 "%s dtype %d act %d: the apply of %lld rows of %lld channels with streaming "
-                 "stores differs a row at a time (BN_ROWS_ONE)", isa, (int)dt, acts[ai],
-                 (long long)rows, (long long)c);
+                 "%s dtype %d act %d: the apply of %lld rows of %lld channels differs %s", isa,
+                 (int)dt, acts[ai], (long long)rows, (long long)c, what);
       }
       free(x), free(y), free(dy), free(cst);
       for (int k = 0; k < 4; k++) free(o[k]);
     }
+}
+
+/* the apply a row at a time in address order (BN_ROWS_SEQ) against the strips / rows by
+   fours, and with streaming stores a row at a time (BN_ROWS_ONE, with its prefetch) against
+   rows by fours: rows of whole lines there */
+static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t seq_widths[] = {1, 3, 16, 17, 64, 100, 255, 256, 257};
+  static const int64_t one_widths[] = {16, 64, 512, 576, 672};
+  check_apply_flag(isa, uk, dt, seq_widths, sizeof seq_widths / sizeof seq_widths[0],
+                   BN_PF_AHEAD, BN_ROWS_SEQ, 79, "with the rows in order (BN_ROWS_SEQ)");
+  check_apply_flag(isa, uk, dt, one_widths, sizeof one_widths / sizeof one_widths[0],
+                   BN_PF_AHEAD | BN_STORE_NT, BN_ROWS_ONE, 83,
+                   "with streaming stores a row at a time (BN_ROWS_ONE)");
 }
 
 /* the channels-first statistics of a sample's consecutive channels (stats_runs, whose vector
@@ -217,7 +192,6 @@ static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
-  check_apply_one(isa, uk, dt);
   check_runs(isa, uk, dt);
 }
 
