@@ -1239,9 +1239,10 @@ static int bn_threads(const norm_job *jb) {
 }
 
 /* The backward's apply of f32 channels-last rows with streaming stores goes by fours on
-   AVX-512 (see bwd_rows_block).  Far beyond the caches, without an activation, a row at a time
-   was faster for rows of up to 672 channels: it streams x and dy and writes dx in address
-   order where the fours keep eight reads and four writes in flight.  Measured (nineteenth
+   AVX-512 (see bwd_rows_block).  Far beyond the caches a row at a time is faster for rows of
+   481 to 672 channels, with every activation since the prefetch below: it streams x and dy
+   and writes dx in address order where the fours keep eight reads and four writes in flight.
+   Measured without an activation and before the prefetch (nineteenth
    session, Zen 5, 2 threads, the whole backward): in one process alternating both ways over
    20-30 rounds (median ratio; the same path both ways gave 1.010x, quartiles 0.99-1.035)
    32x512x28x28 1.064x, 16x672x30x30 1.039x, 32x576x28x28 1.024x; pair.py --twice against the

@@ -47,12 +47,12 @@
    it, never a result: the segments below depend on the shape alone. */
 #define NORM_CACHED_BYTES ((int64_t)16 << 20)
 /* Beyond NORM_SEQ_BYTES (a tensor the LLC share of two threads cannot hold either) the
-   backward's channels-last sums (rows of up to 1024 channels) and apply (up to 256) read rows
-   whole, in address order (BN_ROWS_SEQ).  The sums alone, on Zen 5, 2 threads, f32, A/B in one phase of the
-   machine: 32x56x56x256 (103 MB) 1.08-1.9x (median 1.45), 32x56x56x128 (51 MB) 1.19x,
-   32x112x112x64 1.14x; below the threshold 32x56x56x64 (25.7 MB) 0.84x and 32x14x14x1024
-   0.55-0.75x, where the rows come partly from the LLC and the order's extra loads and stores
-   cost more than it gains. */
+   backward's channels-last sums (rows of up to 256 channels, and of 481 to 1024) and apply
+   (up to 256) read rows whole, in address order (BN_ROWS_SEQ).  The sums alone, on Zen 5,
+   2 threads, f32, A/B in one phase of the machine: 32x56x56x256 (103 MB) 1.08-1.9x (median
+   1.45), 32x56x56x128 (51 MB) 1.19x, 32x112x112x64 1.14x; below the threshold 32x56x56x64
+   (25.7 MB) 0.84x and 32x14x14x1024 0.55-0.75x, where the rows come partly from the LLC and
+   the order's extra loads and stores cost more than it gains. */
 #define NORM_SEQ_BYTES ((int64_t)32 << 20)
 
 /* Rows per segment of a channels-last reduction over `rows` rows of row_bytes bytes: segments

@@ -66,8 +66,8 @@
 #define BN_SEQ_ROW_MIN 481 /* past the widest rows of AVX-512's strips (BSTRIP_MAX) */
 #define BN_SEQ_SUMS_MAX 1024
 /* or-ed into the `act` argument of bwd_rows: with streaming stores, a row at a time instead of
-   rows by fours (the engine's choice: norm_bwd_one_row in engine.c); the bits are those
-   without it */
+   rows by fours, prefetching ONE_PF_BYTES ahead with BN_PF_AHEAD (the engine's choice:
+   norm_bwd_one_row in engine.c); the bits are those without it */
 #define BN_ROWS_ONE 0x2000
 #define BN_ACT_MASK 0xff
 /* rows over which bwd_sums_rows keeps a sum in the compute type before it goes to double */
