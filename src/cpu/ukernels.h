@@ -60,7 +60,8 @@
    BN_SEQ_ROW_MIN to BN_SEQ_SUMS_MAX (the sums; the rows between take AVX-512's strips).  The
    bits are those without it, except the sums of rows of BN_SEQ_ROW_MIN to BN_SEQ_SUMS_MAX
    channels, which add a row at a time in f32 within each block of BN_SUMS_BLOCK_ROWS rows
-   (instead of rows by fours combined pairwise) on every vector ISA */
+   (instead of rows by fours combined pairwise) on every vector ISA, whatever part of the rows
+   a call takes (the row's width ld decides, not the call's channels nc) */
 #define BN_ROWS_SEQ 0x1000
 #define BN_SEQ_FOURS_MAX 256
 #define BN_SEQ_ROW_MIN 481 /* past the widest rows of AVX-512's strips (BSTRIP_MAX) */

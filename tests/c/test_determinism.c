@@ -1,4 +1,5 @@
-/* test_determinism.c - bitwise identical results for 1, 2, 3 and 4 threads on one ISA path
+/* test_determinism.c - bitwise identical results for 1, 2, 3 and 4 threads (and 6 and 8 on a
+ * large channels-last tensor) on one ISA path
  * (ctest runs it with NORMA_MAX_ISA=scalar and =avx2): training forward (y, save_mean,
  * save_invstd, running statistics), inference, backward (x given and x NULL, dx, dresidual,
  * dgamma, dbeta) and the split API (moments, forward_apply, backward_reduce, backward_apply),
@@ -80,6 +81,9 @@ static void free_outs(outs *o) {
 }
 
 static int multi[3], sched[3][2]; /* per op: cases with >= 2 threads; by schedule */
+/* also 6 and 8 threads: where the channels-last segments of a large tensor share out evenly
+   among 2 to 4 threads but not among more, whose reduction then splits the channels */
+static int det_more_threads;
 
 /* step != 0: channel 5 of samples 2 and 6 jumps by step (mean + step), inside a segment of
    rows: the one-pass statistics of a channels-last block refuse such a drift and read that
@@ -128,8 +132,8 @@ static void det_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dt
   norma_set_num_threads(1);
   TU_CHECK(run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &base) == 0, "[%s] a call failed: %s",
            tu_ctx, norma_last_error());
-  static const int threads[] = {2, 3, 4, 1};
-  for (int ti = 0; ti < 4; ti++) {
+  static const int threads[] = {2, 3, 4, 1, 6, 8};
+  for (int ti = 0; ti < (det_more_threads ? 6 : 4); ti++) {
     norma_set_num_threads(threads[ti]);
     outs o;
     TU_CHECK(run_all(&d, x, res, dy, gamma, beta, rm0, rv0, &o) == 0, "[%s] a call failed: %s",
@@ -250,8 +254,12 @@ int main(void) {
   if (!quick) {
     det_case(16, 1344, 196, NORMA_CHANNELS_LAST, NORMA_F32, 0, 31, 0.0);
     det_case(16, 2048, 361, NORMA_CHANNELS_LAST, NORMA_BF16, NORMA_BN_RELU, 32, 0.0);
-    /* and beyond NORM_SEQ_BYTES (50 MB): the backward's sums of wide rows by fours */
+    /* and beyond NORM_SEQ_BYTES (50 MB): the backward's sums of rows of 720 channels a row
+       at a time in address order; 20 segments of 868 rows, whose channels 6 and 8 threads
+       split (a block a thread) */
+    det_more_threads = 1;
     det_case(12, 720, 1444, NORMA_CHANNELS_LAST, NORMA_F32, 0, 33, 0.0);
+    det_more_threads = 0;
     /* channels-first runs of 144 f32 values that stream (4.9 MB): two samples a segment in
        the reductions (cf_spr_sums), three in the apply, an odd sample last */
     det_case(33, 256, 144, NORMA_CHANNELS_FIRST, NORMA_F32, 0, 34, 0.0);

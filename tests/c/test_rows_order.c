@@ -9,7 +9,9 @@
  * BN_SEQ_SUMS_MAX channels add a row at a time under the flag: their sums are checked bit for bit
  * against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which every
  * vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test does
- * not model, against the sums without the flag within rounding); likewise the backward's
+ * not model, against the sums without the flag within rounding).  Under the flag, the sums of
+ * blocks of 48 channels of the rows (as the engine's threads may split them) must be those of
+ * the whole rows, bit for bit, at every width.  Likewise the backward's
  * apply (bwd_rows, dx and dresidual), which walks a row at a time in address order under the
  * flag, and with streaming stores a row at a time under BN_ROWS_ONE (rows by fours without
  * it on AVX-512); and the
@@ -75,6 +77,21 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act, o[0], o[1], o[2]);
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, o[3], o[4], o[5]);
         int ok = 1;
+        /* the engine may split the channels of these rows among the threads (split_cblock in
+           engine.c: blocks of a multiple of 16 channels): each channel's sums must be those of
+           the whole rows, whatever block holds it */
+        for (int64_t j0 = 0; j0 < c; j0 += 48) {
+          const int64_t nc = c - j0 < 48 ? c - j0 : 48;
+          const size_t off = (size_t)j0 * es;
+          uk->bwd_sums_rows((char *)x + off, (char *)y + off, (char *)dy + off, rows, c, nc,
+                            cst + j0, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, m, m + c, m + 2 * c);
+          for (int64_t j = 0; j < nc; j++)
+            ok &= same_d(m[j], o[3][j0 + j]) & same_d(m[c + j], o[4][j0 + j]) &
+                  same_d(m[2 * c + j], o[5][j0 + j]);
+        }
+        TU_CHECK(ok, "%s dtype %d act %d: %lld rows of %lld channels in order (BN_ROWS_SEQ): "
+                 "the sums of blocks of 48 channels differ from those of whole rows", isa,
+                 (int)dt, act, (long long)rows, (long long)c);
         if (c <= BN_SEQ_FOURS_MAX || c < BN_SEQ_ROW_MIN || c > BN_SEQ_SUMS_MAX) {
           for (int64_t j = 0; j < c; j++)
             ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
