@@ -9,7 +9,12 @@
  *   2  a row at a time within each eight rows, two vectors of channels in registers
  *   6  the same access pattern as 0 (eight rows a step), only a sum of x
  *   7  a plain read in address order, four vector sums
- *   8  mode 0 without the OR of the bits
+ *   8  mode 0 without the OR of the bits (the kernel's loop since the twenty-second session)
+ *   9  mode 8 with d and d^2 added straight into the accumulators, row after row
+ *  10  mode 8 with d^2 summed as two chains of four
+ *  11, 12  mode 9 with the prefetch hint T1, T2 instead of T0
+ * C at most 2048.  PF_BYTES: modes 0 and 8-12 prefetch it rounded up to a multiple of 4 rows
+ * (C * 16 bytes: 4 rows ahead, C * 32: 8 rows).
  * Build with -O3 (at -O2 gcc leaves mode 0's array of eight vectors on the stack). */
 #include <immintrin.h>
 #include <omp.h>
@@ -38,7 +43,7 @@ static void blk(const float *x, long rows, long C, const float *k, float *a, flo
       }
       continue;
     }
-    for (long j = 0; j < C; j += 16) {
+    if (mode <= 8) for (long j = 0; j < C; j += 16) {
       const float *p = x + r * C + j;
       if (mode == 0 || mode == 8) for (int i = 0; i < 8; i++) _mm_prefetch((const char*)(p + pf + i * C), _MM_HINT_T0);
       __m512 kk = _mm512_load_ps(k + j);
@@ -54,6 +59,26 @@ static void blk(const float *x, long rows, long C, const float *k, float *a, flo
       _mm512_store_ps(q+j,_mm512_add_ps(_mm512_load_ps(q+j),_mm512_add_ps(q0,q1)));
       if (mode != 8) _mm512_store_ps(o+j,_mm512_or_ps(_mm512_load_ps(o+j),_mm512_or_ps(o0,o1)));
     }
+    if (mode >= 9) for (long j = 0; j < C; j += 16) {
+      const float *p = x + r * C + j;
+      if (mode == 11) for (int i = 0; i < 8; i++) _mm_prefetch((const char*)(p + pf + i * C), _MM_HINT_T1);
+      else if (mode == 12) for (int i = 0; i < 8; i++) _mm_prefetch((const char*)(p + pf + i * C), _MM_HINT_T2);
+      else for (int i = 0; i < 8; i++) _mm_prefetch((const char*)(p + pf + i * C), _MM_HINT_T0);
+      __m512 kk = _mm512_load_ps(k + j), A = _mm512_load_ps(a + j), Q = _mm512_load_ps(q + j);
+      __m512 d[8];
+      for (int i = 0; i < 8; i++) d[i] = _mm512_sub_ps(_mm512_loadu_ps(p + i * C), kk);
+      if (mode != 10) {
+        for (int i = 0; i < 8; i++) A = _mm512_add_ps(A, d[i]), Q = _mm512_fmadd_ps(d[i], d[i], Q);
+      } else {
+        __m512 a0=_mm512_add_ps(_mm512_add_ps(d[0],d[1]),_mm512_add_ps(d[2],d[3]));
+        __m512 a1=_mm512_add_ps(_mm512_add_ps(d[4],d[5]),_mm512_add_ps(d[6],d[7]));
+        A = _mm512_add_ps(A, _mm512_add_ps(a0, a1));
+        __m512 q0 = _mm512_mul_ps(d[0], d[0]), q1 = _mm512_mul_ps(d[4], d[4]);
+        for (int i = 1; i < 4; i++) q0 = _mm512_fmadd_ps(d[i], d[i], q0), q1 = _mm512_fmadd_ps(d[4 + i], d[4 + i], q1);
+        Q = _mm512_add_ps(Q, _mm512_add_ps(q0, q1));
+      }
+      _mm512_store_ps(a+j,A); _mm512_store_ps(q+j,Q);
+    }
   }
 }
 int main(int argc, char **argv) {
@@ -67,9 +92,9 @@ int main(int argc, char **argv) {
     {
       int th = omp_get_thread_num(), nt = omp_get_num_threads();
       long r0 = R * th / nt / 64 * 64, r1 = th == nt - 1 ? R / 64 * 64 : R * (th + 1) / nt / 64 * 64;
-      float k[1024] ALN, a[1024] ALN, q[1024] ALN, o[1024] ALN;
+      float k[2048] ALN, a[2048] ALN, q[2048] ALN, o[2048] ALN;
       for (long j = 0; j < C; j++) k[j] = 1.0f;
-      long pfe = (mode == 0 || mode == 8) ? ((pfb + C * 4 - 1) / (C * 4) + 3) / 4 * 4 * C : pfb / 4;
+      long pfe = (mode == 0 || mode >= 8) ? ((pfb + C * 4 - 1) / (C * 4) + 3) / 4 * 4 * C : pfb / 4;
       for (long r = r0; r < r1; r += 64) {
         memset(a, 0, C * 4), memset(q, 0, C * 4), memset(o, 0, C * 4);
         if (mode == 7) { __m512 s0=_mm512_setzero_ps(),s1=s0,s2=s0,s3=s0; const float *p=x+r*C;
