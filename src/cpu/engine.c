@@ -1141,6 +1141,13 @@ static int plan_bn(norm_job *jb) {
      whole rows, was faster (Zen 5, 2 threads, f32, forward NHWC 1x1024x14x14 and 4x1024x7x7:
      units of 656 and 368 channels, 1.38x; [64, 4096], units of 8 KiB pieces, 0.68x) */
   if ((g->c + w - 1) / w <= jb->nt && w * (int64_t)g->esize < 2 * min_piece()) return 0;
+  /* The forward with two units per thread: split.  Measured (Zen 5, 2 threads, f32, ms, best
+     of 3 medians, fused / split): 4 units, NHWC 4x1792x7x7 0.064 / 0.047, 4x2048x7x7 0.062 /
+     0.054, 3x2048x7x7 0.052 / 0.047, [256, 2048] 0.078 / 0.063, [128, 2048] 0.042 / 0.037,
+     [32, 2048] 0.0148 / 0.0139; 6 units, [64, 3072] 0.0326 / 0.0336; 8 units, [64, 4096]
+     0.039 / 0.044, NHWC 4x4096x7x7 0.102 / 0.111.  The backward with 4 units stays fused
+     (1x2048x7x7 0.023 / 0.031, 3x2048x7x7 0.067 / 0.073). */
+  if (jb->nsums == SUMS_STATS && jb->nt > 1 && (g->c + w - 1) / w < 3 * (int64_t)jb->nt) return 0;
   return use_fused(jb, (g->c + w - 1) / w);
 }
 
