@@ -50,6 +50,37 @@ static void accumulate_overflow(void) {
            (long long)cnt[1]);
 }
 
+/* A tile of one row may have any row stride: the kernels must not form ld * element size.
+   libFuzzer under clang's UBSan found INT64_MAX * 2 in the rows statistics; gcc folds that
+   product into a mask, so under gcc's sanitizers this test passed on the faulty code too: the
+   input kept in tests/fuzz/corpus/bn_moments_accumulate (replayed by scripts/fuzz.sh, clang)
+   is what fails there.  Here: one row gives mean = x, m2 = 0, on every instruction set the CPU
+   has and every storage type. */
+static void accumulate_huge_row_stride(void) {
+  const norma_dtype dts[4] = {NORMA_F32, NORMA_F64, NORMA_F16, NORMA_BF16};
+  const int64_t strides[3] = {INT64_MAX, INT64_MAX / 4 + 1, (int64_t)1 << 40};
+  const float v[5] = {1.5f, -2.0f, 0.25f, 3.0f, -0.5f};
+  for (int isa = NORMA_ISA_SCALAR; isa <= NORMA_ISA_AVX512; isa++) {
+    if (norma_set_max_isa((norma_isa)isa) != NORMA_OK) continue;
+    for (int d = 0; d < 4; d++)
+      for (int s = 0; s < 3; s++) {
+        unsigned char buf[5 * 8];
+        for (int j = 0; j < 5; j++) tu_store(dts[d], buf, j, v[j]);
+        int64_t cnt[5] = {0};
+        double mean[5] = {0}, m2[5] = {0};
+        norma_status st =
+            norma_bn_moments_accumulate(dts[d], 1, 5, buf, strides[s], 1, cnt, mean, m2);
+        EXPECT(st, NORMA_OK, "accumulate: one row, row stride 2^k");
+        for (int j = 0; j < 5; j++)
+          TU_CHECK(cnt[j] == 1 && mean[j] == (double)v[j] && m2[j] == 0.0,
+                   "accumulate %s isa %d stride %lld channel %d: count %lld mean %g m2 %g",
+                   tu_dt_name(dts[d]), isa, (long long)strides[s], j, (long long)cnt[j],
+                   mean[j], m2[j]);
+      }
+  }
+  norma_set_max_isa(NORMA_ISA_AVX512);
+}
+
 static void descriptor_bounds(void) {
   norma_bn_plan plan, plan0;
   memset(&plan, 0x5a, sizeof plan);
@@ -261,6 +292,7 @@ int main(void) {
   streaming_range();
   merge_overflow();
   accumulate_overflow();
+  accumulate_huge_row_stride();
   descriptor_bounds();
   split_overlaps();
   dresidual_aliasing();
