@@ -1,6 +1,6 @@
 /* test_norm_determinism.c - the norm family (LayerNorm, RMSNorm, GroupNorm, InstanceNorm) gives
- * bitwise identical results for 1, 2, 3 and 4 threads (norma_set_num_threads) on one ISA path
- * (ctest runs it with NORMA_MAX_ISA=scalar and =avx2), and repeats itself exactly.
+ * bitwise identical results for 1, 2, 3, 4 and 7 threads (norma_set_num_threads) on one ISA path
+ * (ctest runs it on each: NORMA_MAX_ISA=scalar, avx2, avx512), and repeats itself exactly.
  *
  * Every op and every output: LayerNorm / RMSNorm forward with residual (y, sum, save_*) and
  * without, backward with dsum (dx, dgamma, dbeta); GroupNorm forward / backward with NONE /
@@ -124,8 +124,8 @@ static void det_case(int fam, int64_t n, int64_t c, int64_t s, int64_t groups, n
   outs base = {0};
   norma_set_num_threads(1);
   TU_CHECK(run_all(&p, &base) == 0, "[%s] a call failed: %s", tu_ctx, norma_last_error());
-  static const int threads[] = {2, 3, 4, 1};
-  for (int ti = 0; ti < 4; ti++) {
+  static const int threads[] = {2, 3, 4, 7, 1};
+  for (int ti = 0; ti < 5; ti++) {
     norma_set_num_threads(threads[ti]);
     outs o = {0};
     TU_CHECK(run_all(&p, &o) == 0, "[%s] a call failed: %s", tu_ctx, norma_last_error());
