@@ -53,7 +53,7 @@ static void accumulate_overflow(void) {
 /* A tile of one row may have any row stride: the kernels must not form ld * element size.
    libFuzzer under clang's UBSan found INT64_MAX * 2 in the rows statistics; gcc folds that
    product into a mask, so under gcc's sanitizers this test passed on the faulty code too: the
-   input kept in tests/fuzz/corpus/bn_moments_accumulate (replayed by scripts/fuzz.sh, clang)
+   input kept as tests/fuzz/corpus/bn_moments_accumulate/regress-237443e68507 (scripts/fuzz.sh)
    is what fails there.  Here: one row gives mean = x, m2 = 0, on every instruction set the CPU
    has and every storage type. */
 static void accumulate_huge_row_stride(void) {
