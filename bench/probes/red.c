@@ -1,7 +1,9 @@
 /* red MB C MODE: 2 threads, backward-sums-like reduction of two MB-MiB tensors of rows of C f32
    0: rows by fours, accumulators in L1 arrays   1: one row at a time (address order), accumulators in L1
    2: raw read (fma of x*y into 2 registers)     3: rows by fours + software prefetch 4 rows ahead
-   4, 5: rows by twos, by eights (a loop over the rows)   7: rows by eights, unrolled */
+   4, 5: rows by twos, by eights (a loop over the rows)   7: rows by eights, unrolled
+   8: rows by fours taken a quarter of the thread's rows apart (eight long ascending streams)
+   9: a row at a time with a prefetch PFD bytes ahead (environment, default 4096; 0: none) */
 #include <immintrin.h>
 #include "sums4.h"
 #include <omp.h>
@@ -30,6 +32,17 @@ int main(int argc,char**argv){
         for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j); __m512 A=_mm512_load_ps(s1+j),B=_mm512_load_ps(s2+j),D=_mm512_load_ps(s3+j);
           for(int u=0;u<R;u++){ __m512 h=_mm512_fmadd_ps(_mm512_load_ps(a+u*C+j),xs,xo), g=_mm512_load_ps(b+u*C+j); A=_mm512_add_ps(A,g); B=_mm512_fmadd_ps(g,h,B); D=_mm512_add_ps(D,h);}
           _mm512_store_ps(s1+j,A);_mm512_store_ps(s2+j,B);_mm512_store_ps(s3+j,D);}}}
+     else if(mode==8){ size_t R=(r1-r0)/4; for(size_t q=r0;q<r0+R;q++){ const float*a=x+q*C,*b=y+q*C; const size_t d=R*C;
+        for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j); __m512 h[4],g[4];
+          for(int u=0;u<4;u++){h[u]=_mm512_fmadd_ps(_mm512_load_ps(a+u*d+j),xs,xo); g[u]=_mm512_load_ps(b+u*d+j);}
+          __m512 G=_mm512_add_ps(_mm512_add_ps(g[0],g[1]),_mm512_add_ps(g[2],g[3]));
+          __m512 H=_mm512_add_ps(_mm512_add_ps(h[0],h[1]),_mm512_add_ps(h[2],h[3]));
+          __m512 P=_mm512_add_ps(_mm512_fmadd_ps(g[1],h[1],_mm512_mul_ps(g[0],h[0])),_mm512_fmadd_ps(g[3],h[3],_mm512_mul_ps(g[2],h[2])));
+          _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),G)); _mm512_store_ps(s2+j,_mm512_add_ps(_mm512_load_ps(s2+j),P)); _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),H));}}}
+     else if(mode==9){ long pfd=atol(getenv("PFD")?getenv("PFD"):"4096")/4; for(size_t q=r0;q<r1;q++){ const float*a=x+q*C,*b=y+q*C;
+        for(long j=0;j<C;j+=16){ if(pfd){_mm_prefetch((const char*)(a+j+pfd),_MM_HINT_T0);_mm_prefetch((const char*)(b+j+pfd),_MM_HINT_T0);}
+          __m512 h=_mm512_fmadd_ps(_mm512_load_ps(a+j),_mm512_load_ps(k+j),_mm512_load_ps(k+C+j)); __m512 g=_mm512_load_ps(b+j);
+          _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),g)); _mm512_store_ps(s2+j,_mm512_fmadd_ps(g,h,_mm512_load_ps(s2+j))); _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),h));}}}
      else if(mode==7){ size_t q=r0; for(;q+8<=r1;q+=8){ const float*a=x+q*C,*b=y+q*C;
         for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j); __m512 h[8],g[8];
           for(int u=0;u<8;u++){h[u]=_mm512_fmadd_ps(_mm512_load_ps(a+u*C+j),xs,xo); g[u]=_mm512_load_ps(b+u*C+j);}
