@@ -60,6 +60,7 @@ static void accumulate_huge_row_stride(void) {
   const norma_dtype dts[4] = {NORMA_F32, NORMA_F64, NORMA_F16, NORMA_BF16};
   const int64_t strides[3] = {INT64_MAX, INT64_MAX / 4 + 1, (int64_t)1 << 40};
   const float v[5] = {1.5f, -2.0f, 0.25f, 3.0f, -0.5f};
+  const norma_isa before = norma_get_isa();
   for (int isa = NORMA_ISA_SCALAR; isa <= NORMA_ISA_AVX512; isa++) {
     if (norma_set_max_isa((norma_isa)isa) != NORMA_OK) continue;
     for (int d = 0; d < 4; d++)
@@ -78,7 +79,7 @@ static void accumulate_huge_row_stride(void) {
                    mean[j], m2[j]);
       }
   }
-  norma_set_max_isa(NORMA_ISA_AVX512);
+  norma_set_max_isa(before);
 }
 
 static void descriptor_bounds(void) {
