@@ -225,3 +225,48 @@ def test_quick_norm_family_fewc_isa(tmp_path):
     r2 = _run(["--report", str(js), "--no-files"])
     assert r2.returncode == 0, r2.stderr
     assert "worst vs best" in r2.stdout
+
+
+def _listed(args):
+    r = _run(args + ["--list"])
+    assert r.returncode == 0, r.stderr
+    return [x for x in r.stdout.split("\n") if x]
+
+
+def test_random_shapes_repeat_from_their_seed(tmp_path):
+    """--random: the same seed lists the same shapes, another seed others; the first line says
+    how to run them again (with the seed drawn from the clock too); every shape within the
+    bounds; a run names them and records the seed in the JSON's notes."""
+    a = _listed(["--random", "12", "--seed", "41", "--ops", "fwd"])
+    assert a == _listed(["--random", "12", "--seed", "41", "--ops", "fwd"])
+    assert a != _listed(["--random", "12", "--seed", "42", "--ops", "fwd"])
+    assert a[0] == "# 12 random shapes: --random 12 --seed 41 --random-max-mb 256 runs them again"
+    for x in a[1:]:
+        op, layout, dt, shape = x.split()[:4]
+        dims = [int(v) for v in shape.split(",")]
+        assert op == "fwd" and dt == "f32" and min(dims) >= 1
+        assert (layout == "nc") == (len(dims) == 2) and len(dims) in (2, 4)
+        values = 1
+        for d in dims:
+            values *= d
+        assert 4096 <= values <= 256 * 2 ** 20 // 4, x
+    # 4-D shapes run in both layouts, [N, C] once: 12 shapes give between 12 and 24 cases
+    assert 12 <= len(a) - 1 <= 24
+    drawn = _listed(["--random", "3", "--ops", "bwd", "--layouts", "nhwc"])
+    seed = int(drawn[0].split("--seed ")[1].split()[0])
+    assert drawn == _listed(["--random", "3", "--seed", str(seed), "--ops", "bwd",
+                             "--layouts", "nhwc"])
+    for bad, msg in ((["--random", "-1"], "must be >= 0"), (["--seed", "3"], "goes with"),
+                     (["--random", "2", "--random-max-mb", "0.001"], "must allow")):
+        r = _run(bad + ["--list"])
+        assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr)
+    js = tmp_path / "r.json"
+    r = _run(["--random", "2", "--seed", "7", "--random-max-mb", "0.25", "--peers", "none",
+              "--ops", "fwd", "--reps", "1", "--warmup", "0", "--threads", "2", "--no-files",
+              "--json", str(js)], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(js.read_text())
+    assert "--random 2 --seed 7 --random-max-mb 0.25" in " ".join(doc["notes"])
+    assert {c["name"] for c in doc["cases"]} == {"random1", "random2"}
+    for c in doc["cases"]:
+        assert c["results"]["norma"]["status"] == "ok" and c["results"]["norma"]["median_ms"] > 0
