@@ -3,7 +3,8 @@
    2: raw read (fma of x*y into 2 registers)     3: rows by fours + software prefetch 4 rows ahead
    4, 5: rows by twos, by eights (a loop over the rows)   7: rows by eights, unrolled
    8: rows by fours taken a quarter of the thread's rows apart (eight long ascending streams)
-   9: a row at a time with a prefetch PFD bytes ahead (environment, default 4096; 0: none) */
+   9: a row at a time with a prefetch PFD bytes ahead (environment, default 4096; 0: none)
+   10, 11: rows by eights, by sixteens, as fours combined pairwise (the bits of mode 0) */
 #include <immintrin.h>
 #include "sums4.h"
 #include <omp.h>
@@ -43,6 +44,14 @@ int main(int argc,char**argv){
         for(long j=0;j<C;j+=16){ if(pfd){_mm_prefetch((const char*)(a+j+pfd),_MM_HINT_T0);_mm_prefetch((const char*)(b+j+pfd),_MM_HINT_T0);}
           __m512 h=_mm512_fmadd_ps(_mm512_load_ps(a+j),_mm512_load_ps(k+j),_mm512_load_ps(k+C+j)); __m512 g=_mm512_load_ps(b+j);
           _mm512_store_ps(s1+j,_mm512_add_ps(_mm512_load_ps(s1+j),g)); _mm512_store_ps(s2+j,_mm512_fmadd_ps(g,h,_mm512_load_ps(s2+j))); _mm512_store_ps(s3+j,_mm512_add_ps(_mm512_load_ps(s3+j),h));}}}
+     else if(mode==10||mode==11){ const int Q=mode==10?2:4; size_t q=r0; for(;q+4*Q<=r1;q+=4*Q){ const float*a=x+q*C,*b=y+q*C;
+        for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j); __m512 A=_mm512_load_ps(s1+j),B=_mm512_load_ps(s2+j),D=_mm512_load_ps(s3+j);
+          for(int u=0;u<Q;u++){ const float*aa=a+4*u*C,*bb=b+4*u*C; __m512 h[4],g[4];
+            for(int v=0;v<4;v++){h[v]=_mm512_fmadd_ps(_mm512_load_ps(aa+v*C+j),xs,xo); g[v]=_mm512_load_ps(bb+v*C+j);}
+            A=_mm512_add_ps(A,_mm512_add_ps(_mm512_add_ps(g[0],g[1]),_mm512_add_ps(g[2],g[3])));
+            B=_mm512_add_ps(B,_mm512_add_ps(_mm512_fmadd_ps(g[1],h[1],_mm512_mul_ps(g[0],h[0])),_mm512_fmadd_ps(g[3],h[3],_mm512_mul_ps(g[2],h[2]))));
+            D=_mm512_add_ps(D,_mm512_add_ps(_mm512_add_ps(h[0],h[1]),_mm512_add_ps(h[2],h[3])));}
+          _mm512_store_ps(s1+j,A);_mm512_store_ps(s2+j,B);_mm512_store_ps(s3+j,D);}}}
      else if(mode==7){ size_t q=r0; for(;q+8<=r1;q+=8){ const float*a=x+q*C,*b=y+q*C;
         for(long j=0;j<C;j+=16){ __m512 xs=_mm512_load_ps(k+j),xo=_mm512_load_ps(k+C+j); __m512 h[8],g[8];
           for(int u=0;u<8;u++){h[u]=_mm512_fmadd_ps(_mm512_load_ps(a+u*C+j),xs,xo); g[u]=_mm512_load_ps(b+u*C+j);}
