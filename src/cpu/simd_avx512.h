@@ -145,6 +145,46 @@ VAI int64_t vto_boundary(const void *p, int64_t i, int64_t n, const int dt) {
   return k < n ? k : n;
 }
 
+/* Per-channel constants read along a row from whole 64-byte blocks, each vector put together
+   from two of them by a permute (the row's streaming-store path in ukernels_vec.inc): where a
+   row's vectors start off the blocks, plain loads of the constants straddle two lines each,
+   and the streaming loop ran up to twice as long.  Lanes of a block outside the n constants
+   are not read (masked loads). */
+#define HAVE_VROT 1
+typedef struct {
+  const float *b; /* the block holding the first constant */
+  __m512i idx;    /* lanes p .. p + 15 of two blocks */
+  int64_t lim;    /* the constants end at b + lim */
+  vf cur;
+} vrot;
+VAI vf vld_lanes(const float *p, int64_t lo, int64_t hi) {
+  if (lo <= 0 && hi >= 16) return _mm512_load_ps(p);
+  if (hi <= lo) return _mm512_setzero_ps();
+  const unsigned m = (hi >= 16 ? 0xffffu : (1u << hi) - 1u) & ~((1u << lo) - 1u);
+  return _mm512_maskz_load_ps((__mmask16)m, p);
+}
+VAI vrot vrot_start(const float *k, int64_t n) {
+  const int p = (int)(((uintptr_t)k % 64) / 4);
+  vrot r;
+  r.b = k - p, r.lim = n + p;
+  r.idx = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(p));
+  r.cur = vld_lanes(r.b, p, r.lim);
+  return r;
+}
+/* the constants of the vector o values past the first (o a multiple of 16, in order) */
+VAI vf vrot_next(vrot *r, int64_t o) {
+  const vf nx = vld_lanes(r->b + o + 16, 0, r->lim - o - 16);
+  const vf v = _mm512_permutex2var_ps(r->cur, r->idx, nx);
+  r->cur = nx;
+  return v;
+}
+/* whether constants at a, b, c take the blocks: one of them off a block, all on floats */
+VAI int vrot_use(const float *a, const float *b, const float *c) {
+  const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b, z = (uintptr_t)c;
+  return ((x | y | z) % 64 != 0) && (x | y | z) % 4 == 0;
+}
+
 VAI vf vldk(const float *k, int n) {
   if (n == VW) return _mm512_loadu_ps(k);
   return _mm512_maskz_loadu_ps(vmask_first(n), k);

@@ -412,7 +412,11 @@ int main(void) {
      where the rows do not divide, ordinary stores; whole-line and long rows stream */
   {
     static const shape nt_shapes[] = {{2, 24, 49}, {3, 100, 16}, {2, 17, 64}, {2, 300, 8},
-                                      {2, 72, 7},  {1, 24, 7},   {2, 48, 9},  {1, 530, 5}};
+                                      {2, 72, 7},  {1, 24, 7},   {2, 48, 9},  {1, 530, 5},
+                                      /* rows of 2 KiB and more that end inside a line: each
+                                         row's streaming stores start where they are aligned,
+                                         its constants (AVX-512) from whole 64-byte blocks */
+                                      {2, 1106, 9}, {1, 1115, 7}, {2, 1041, 3}};
     TU_CHECK(norma_set_streaming_stores(1, INT64_MAX) == NORMA_OK, "set_streaming_stores");
     for (size_t i = 0; i < sizeof nt_shapes / sizeof nt_shapes[0]; i++)
       for (int k = 0; k < 8; k++) {
