@@ -179,6 +179,26 @@ VAI vf vrot_next(vrot *r, int64_t o) {
   r->cur = nx;
   return v;
 }
+/* as vrot_next, where the next block is known to lie whole within the constants */
+VAI vf vrot_next_whole(vrot *r, int64_t o) {
+  const vf nx = _mm512_load_ps(r->b + o + 16);
+  const vf v = _mm512_permutex2var_ps(r->cur, r->idx, nx);
+  r->cur = nx;
+  return v;
+}
+/* constants across the end of a row and the start of the next: lanes 0 .. t - 1 hold
+   k[n - t .. n), lanes t .. 15 hold k[0 .. 16 - t) (0 < t < 16) */
+#define HAVE_VWRAP 1
+VAI vf vld_wrap(const float *k, int64_t n, int t) {
+  const __mmask16 lo = vmask_first(t);
+  return _mm512_mask_expandloadu_ps(_mm512_maskz_loadu_ps(lo, k + n - t), (__mmask16)~lo, k);
+}
+/* a streaming store to p + i, known to be on its alignment (64 bytes for f32, 32 for 16-bit
+   values: vto_boundary) */
+VAI void vst_nt_al(void *p, int64_t i, vf v, const int dt) {
+  if (dt == S_F32) _mm512_stream_ps((float *)p + i, v);
+  else _mm256_stream_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
+}
 /* whether constants at a, b, c take the blocks: one of them off a block, all on floats */
 VAI int vrot_use(const float *a, const float *b, const float *c) {
   const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b, z = (uintptr_t)c;

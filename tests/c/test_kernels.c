@@ -426,6 +426,20 @@ int main(void) {
         run_case(sh.n, sh.c, sh.s, (norma_layout)(k % 2), (norma_dtype)(k / 2),
                  (int)((i + k) % NVARIANTS), 1e-5, (int)(i + k) % 3 == 1, seed * 7919, 0);
       }
+    /* channels-last rows that follow each other and end inside a line: the line across each
+       row boundary is one vector, its lanes from two rows and its constants from both ends
+       of the arrays (AVX-512); every dtype and variant, rows of 35 and 50 channels (several
+       rows to a line) and of 1106 */
+    static const shape wrap_shapes[] = {{2, 1106, 9}, {3, 35, 5}, {1, 50, 11}};
+    for (size_t i = 0; i < sizeof wrap_shapes / sizeof wrap_shapes[0]; i++)
+      for (int dt = 0; dt < 4; dt++)
+        for (int vi = 0; vi < NVARIANTS; vi++) {
+          if (quick && (vi + dt) % 3 != 0) continue;
+          const shape sh = wrap_shapes[i];
+          seed++;
+          run_case(sh.n, sh.c, sh.s, NORMA_CHANNELS_LAST, (norma_dtype)dt, vi, 1e-5,
+                   (int)(i + vi) % 2, seed * 7919, 0);
+        }
     TU_CHECK(norma_set_streaming_stores(0, INT64_MAX) == NORMA_OK, "set_streaming_stores");
   }
   /* every dtype x layout x variant must have run */
