@@ -428,8 +428,8 @@ int main(void) {
       }
     /* channels-last rows that follow each other and end inside a line: the line across each
        row boundary is one vector, its lanes from two rows and its constants from both ends
-       of the arrays (AVX-512); every dtype and variant, rows of 35 and 50 channels (several
-       rows to a line) and of 1106 */
+       of the arrays (AVX-512); every dtype and variant, rows of 35 and 50 channels (a row
+       boundary every two or three lines, at every phase) and of 1106 */
     static const shape wrap_shapes[] = {{2, 1106, 9}, {3, 35, 5}, {1, 50, 11}};
     for (size_t i = 0; i < sizeof wrap_shapes / sizeof wrap_shapes[0]; i++)
       for (int dt = 0; dt < 4; dt++)
