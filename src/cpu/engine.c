@@ -231,6 +231,15 @@ static int cf_sweep(const norm_job *jb) {
   return cf_chunks(jb) == 1 && jb->g->s * (int64_t)jb->g->esize < CF_SWEEP_BELOW;
 }
 
+/* Channels-first statistics of short runs (a segment of several samples in one call) go
+   through stats_chans, which takes blocks of few values sixteen channels at a time and the
+   others a channel at a time: the same bits either way (ukernels.h). */
+#define CF_CHANS_MAX_S 128
+static int cf_chans(const norm_job *jb) {
+  return jb->nsums == SUMS_STATS && cf_chunks(jb) == 1 && cf_spr_sums(jb) > 1 &&
+         jb->g->s <= CF_CHANS_MAX_S;
+}
+
 /* rows of the samples [i0, i1) in rows form */
 static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
 /* rows per segment of a channels-last reduction over `rows` rows (norm_cl_seg_len) */
@@ -415,6 +424,19 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
           jb->uk->stats_runs(tptr(jb, jb->x, (i * g->c + u->j0 + j) * g->s), g->s, m, o);
           for (int64_t r = 0; r < m; r++)
             absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)g->s);
+        }
+        continue;
+      }
+      if (cf_chans(jb)) {
+        /* short runs: the statistics of the unit's channels in stats_chans calls (the same
+           bits per channel as a call each), each channel absorbing its segments in order */
+        double o[3 * NORM_CF_RUNS];
+        for (int64_t j = 0; j < u->nc; j += NORM_CF_RUNS) {
+          const int64_t m = u->nc - j < NORM_CF_RUNS ? u->nc - j : NORM_CF_RUNS;
+          jb->uk->stats_chans(tptr(jb, jb->x, (i * g->c + u->j0 + j) * g->s), g->s, nr,
+                              g->c * g->s, m, o);
+          for (int64_t r = 0; r < m; r++)
+            absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)(nr * g->s));
         }
         continue;
       }
@@ -702,11 +724,22 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const int64_t c = jb->g->c;
   /* whole runs of one sample at a time (spr 1, one chunk): the statistics of its consecutive
      channels in one stats_runs call, whose passes overlap (the same bits per channel) */
-  const int runs = jb->nsums == SUMS_STATS && nch == 1 && spr == 1;
+  const int runs = jb->nsums == SUMS_STATS && nch == 1 && spr == 1, chans = cf_chans(jb);
   for (int64_t it = w0; it < w1;) {
     const int64_t q = it % nch, ch = (it / nch) % c, seg = it / nch / c * nch + q;
     const int64_t i = sa->u->i0 + seg / nch * spr;
     int64_t m = c - ch < w1 - it ? c - ch : w1 - it;
+    if (chans && m > 1) {
+      /* short runs: consecutive channels of the segment in one stats_chans call */
+      double o[3 * NORM_CF_RUNS];
+      if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;
+      jb->uk->stats_chans(tptr(jb, jb->x, (i * c + ch) * jb->g->s), jb->g->s,
+                          i1 - i < spr ? i1 - i : spr, c * jb->g->s, m, o);
+      for (int64_t r = 0; r < m; r++)
+        for (int k = 0; k < 3; k++) sa->part[((ch + r) * nseg + seg) * 3 + k] = o[3 * r + k];
+      it += m;
+      continue;
+    }
     if (runs && m > 1) {
       double o[3 * NORM_CF_RUNS];
       if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;

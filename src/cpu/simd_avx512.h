@@ -224,8 +224,22 @@ VAI double vreduce32(const vf *a) {
   h = _mm_add_ss(h, _mm_movehdup_ps(h));
   return (double)_mm_cvtss_f32(h);
 }
-VAI float vhmin(vf v) { return _mm512_reduce_min_ps(v); }
-VAI float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
+/* min / max: the halves, then 8 -> 4 -> 2 -> 1, each step's first operand the lower lanes (as
+   simd_emu16.h; spelled out because min and max return their second operand on a NaN or on
+   zeros of either sign, so the tree is part of the result: k_stats_chans repeats it across
+   vectors) */
+VAI float vhmin(vf v) {
+  const __m256 m = _mm256_min_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 h = _mm_min_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_min_ss(h, _mm_movehdup_ps(h)));
+}
+VAI float vhmax(vf v) {
+  const __m256 m = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
 
 VAI void vstore_sums(double *o, vf v, int n) {
   double t[16];
@@ -253,6 +267,63 @@ VAI vf vanchor(vf sum, vf mn, vf mx, vf inv) {
   ok &= _mm512_cmp_ps_mask(t, _mm512_set1_ps(-0x1p22f), _CMP_GT_OQ);
   const __m512 res = _mm512_mask_blend_ps(ok, mean, r);
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(range, _mm512_setzero_ps(), _CMP_EQ_OQ), res, mn);
+}
+
+/* bn_stats_scale_f32 (ukernels.h) lane by lane */
+VAI vf vscale_pow2(vf range) {
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(range), 23),
+                                     _mm512_set1_epi32(0xff));
+  __m512i b = _mm512_sub_epi32(_mm512_set1_epi32(254), e);
+  b = _mm512_min_epi32(_mm512_max_epi32(b, _mm512_set1_epi32(1)), _mm512_set1_epi32(254));
+  const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(b, 23));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(range, _mm512_setzero_ps(), _CMP_GT_OQ),
+                              _mm512_set1_ps(1.0f), sc);
+}
+
+/* ---- a 16 x 16 transpose: r[c] lane k -> r[k] lane c ---- */
+
+#define VEC_TRANSPOSE 1
+/* one step: the off-diagonal d x d blocks of each 2d x 2d block swap places (rows c and c + d
+   exchange the lanes whose bit d differs); four steps, d = 8, 4, 2, 1, transpose */
+VAI void vtr_step(vf *r, int d, __m512i ia, __m512i ib) {
+  for (int c = 0; c < 16; c++)
+    if (!(c & d)) {
+      const vf a = r[c], b = r[c + d];
+      r[c] = _mm512_permutex2var_ps(a, ia, b), r[c + d] = _mm512_permutex2var_ps(a, ib, b);
+    }
+}
+VAI void vtranspose16(vf *r) {
+  /* lane k of row c takes lane k of a (k & d clear) or lane k - d of b (index 16 + k - d);
+     lane k of row c + d takes lane k + d of a or lane k of b */
+  vtr_step(r, 8, _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0),
+           _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8));
+  vtr_step(r, 4, _mm512_set_epi32(27, 26, 25, 24, 11, 10, 9, 8, 19, 18, 17, 16, 3, 2, 1, 0),
+           _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 23, 22, 21, 20, 7, 6, 5, 4));
+  vtr_step(r, 2, _mm512_set_epi32(29, 28, 13, 12, 25, 24, 9, 8, 21, 20, 5, 4, 17, 16, 1, 0),
+           _mm512_set_epi32(31, 30, 15, 14, 27, 26, 11, 10, 23, 22, 7, 6, 19, 18, 3, 2));
+  vtr_step(r, 1, _mm512_set_epi32(30, 14, 28, 12, 26, 10, 24, 8, 22, 6, 20, 4, 18, 2, 16, 0),
+           _mm512_set_epi32(31, 15, 29, 13, 27, 11, 25, 9, 23, 7, 21, 5, 19, 3, 17, 1));
+}
+
+VAI vf vneg(vf v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); } /* -v, exactly */
+
+/* bn_stats_shift (ukernels.h) lane by lane with K = kb and s1 = a * (1 / S), s2 = q * (1 / S)
+   * (1 / S) in double, as k_stats_run ends: out[3 c] = t1, out[3 c + 1] = t2, out[3 c + 2] = kb
+   for the first n lanes c */
+VAI void vstats_out(vf kb, vf sc, vf a, vf q, double total, int n, double *out) {
+  double t[3][16];
+  for (int hf = 0; hf < 2; hf++) {
+    const __m512d kbd = _mm512_cvtps_pd(_mm512_extractf32x8_ps(kb, hf));
+    const __m512d is = _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_cvtps_pd(_mm512_extractf32x8_ps(sc, hf)));
+    const __m512d s1 = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(a, hf)), is);
+    const __m512d s2 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(q, hf)), is), is);
+    const __m512d delta = _mm512_sub_pd(kbd, kbd), ld = _mm512_mul_pd(_mm512_set1_pd(total), delta);
+    const __m512d t2 = _mm512_add_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), delta), s1), s2);
+    _mm512_storeu_pd(t[0] + 8 * hf, _mm512_add_pd(s1, ld));
+    _mm512_storeu_pd(t[1] + 8 * hf, _mm512_add_pd(t2, _mm512_mul_pd(ld, delta)));
+    _mm512_storeu_pd(t[2] + 8 * hf, kbd);
+  }
+  for (int c = 0; c < n; c++) out[3 * c] = t[0][c], out[3 * c + 1] = t[1][c], out[3 * c + 2] = t[2][c];
 }
 
 VAI vf vpow2i(vf n) {

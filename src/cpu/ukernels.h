@@ -156,6 +156,11 @@ typedef struct bn_ukernels {
   /* stats_run(run r, len, 1, 0, NULL, out + 3 r) for m >= 1 runs of len values back to back
      (run r at element r * len: a sample's consecutive channels), the same bits */
   void (*stats_runs)(const void *x, int64_t len, int64_t m, double *out);
+  /* stats_run(channel j, len, nruns, stride, NULL, out + 3 j) for m >= 1 consecutive channels
+     of a channels-first block (channel j's runs at element j * len), the same bits: the vector
+     kernels take short runs sixteen channels at a time */
+  void (*stats_chans)(const void *x, int64_t len, int64_t nruns, int64_t stride, int64_t m,
+                      double *out);
 } bn_ukernels;
 
 /* The block anchor of the statistics (see above), in f32 and f64: the mean sum * inv_len
@@ -231,7 +236,7 @@ static inline void bn_stats_shift(double kb, double K, double s1, double s2, dou
 #define BN_UKERNEL_SLOTS(X)                                                                  \
   X(stats_run) X(stats_rows) X(fwd_run) X(fwd_rows) X(bwd_sums_run) X(bwd_sums_rows)          \
   X(bwd_run) X(bwd_rows) X(sumsq_run) X(add_run) X(affine_run) X(affine_bwd_sums_run)         \
-  X(affine_bwd_run) X(stats_run2) X(stats_runs)
+  X(affine_bwd_run) X(stats_run2) X(stats_runs) X(stats_chans)
 
 /* Tables, by dtype; NULL where an ISA has no kernel for that dtype, and NULL entries where it
    lacks a kernel (the engine takes the portable one there: bn_ukernels_for). */

@@ -15,8 +15,8 @@
  * apply (bwd_rows, dx and dresidual), which walks a row at a time in address order under the
  * flag, and with streaming stores a row at a time under BN_ROWS_ONE (rows by fours without
  * it on AVX-512); and the
- * channels-first statistics of consecutive runs (stats_runs) against one run at a time, on
- * every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
+ * channels-first statistics of consecutive runs (stats_runs) against one run at a time, and
+ * those of consecutive channels (stats_chans) against one channel at a time, on every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
@@ -207,10 +207,59 @@ static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
       }
 }
 
+/* the statistics of consecutive channels of a channels-first block (stats_chans, whose AVX-512
+   kernel takes short runs sixteen channels at a time) against stats_run channel by channel:
+   run lengths around the 16-value vectors and the 32-value steps, 1 to 9 runs a sample apart,
+   channel counts with every tail of sixteen, data far from zero, constant channels (anchor
+   at the minimum), zeros of both signs, NaN and infinities */
+static void check_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t lens[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 63, 64, 65, 100};
+  static const int64_t nrs[] = {1, 2, 3, 9};
+  static const int64_t ms[] = {1, 5, 16, 17, 40};
+  if (!uk || !uk->stats_chans || !uk->stats_run) return;
+  const size_t es = tu_esize(dt);
+  tu_rng r = tu_rng_make(85);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (size_t ni = 0; ni < sizeof nrs / sizeof nrs[0]; ni++)
+      for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+        for (int kind = 0; kind < 4; kind++) {
+          const int64_t len = lens[li], nr = nrs[ni], m = ms[mi], c = m + 3;
+          const int64_t stride = c * len, n = nr * stride;
+          char *x = malloc((size_t)n * es);
+          double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+          for (int64_t j = 0; j < c; j++) {
+            const double base = kind == 1 ? 1000.0 + 10.0 * (double)j : 0.0;
+            for (int64_t i = 0; i < nr; i++)
+              tu_fill_uniform(dt, x + (size_t)(i * stride + j * len) * es, len, &r, base - 1.0, base + 2.0);
+          }
+          if (kind == 2) /* channel 0 constant, channel 1 all zeros of both signs */
+            for (int64_t i = 0; i < nr; i++)
+              for (int64_t q = 0; q < len; q++) {
+                tu_store(dt, x, i * stride + q, 0.75);
+                if (m > 1) tu_store(dt, x, i * stride + len + q, (q + i) % 2 ? -0.0 : 0.0);
+              }
+          if (kind == 3) { /* a NaN in channel 0, +Inf in channel 2, -Inf and +Inf in the last */
+            tu_store(dt, x, (nr - 1) * stride + len / 2, NAN);
+            if (m > 2) tu_store(dt, x, 2 * len, INFINITY);
+            if (m > 3) tu_store(dt, x, (m - 1) * len, -INFINITY), tu_store(dt, x, (nr - 1) * stride + m * len - 1, INFINITY);
+          }
+          uk->stats_chans(x, len, nr, stride, m, a);
+          for (int64_t j = 0; j < m; j++)
+            uk->stats_run(x + (size_t)(j * len) * es, len, nr, stride, NULL, b + 3 * j);
+          int ok = 1;
+          for (int64_t k = 0; k < 3 * m; k++) ok &= same_d(a[k], b[k]);
+          TU_CHECK(ok, "%s dtype %d: stats_chans of %lld channels, %lld runs of %lld values (data "
+                   "%d) differs from stats_run channel by channel", isa, (int)dt, (long long)m,
+                   (long long)nr, (long long)len, kind);
+          free(x), free(a), free(b);
+        }
+}
+
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
   check_runs(isa, uk, dt);
+  check_chans(isa, uk, dt);
 }
 
 int main(void) {
@@ -220,8 +269,10 @@ int main(void) {
   static const norma_dtype dts[] = {NORMA_F32, NORMA_BF16, NORMA_F16};
   for (int d = 0; d < 3; d++) {
     check_runs("scalar", bn_ukernels_scalar(dts[d]), dts[d]);
+    check_chans("scalar", bn_ukernels_scalar(dts[d]), dts[d]);
 #ifdef NORMA_TEST_HAVE_AVX2
     if (norma__cpu_has_avx2_kernels(f)) check_runs("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
+    if (norma__cpu_has_avx2_kernels(f)) check_chans("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
     if (norma__cpu_has_avx2_kernels(f)) check_table("avx2", bn_ukernels_avx2(dts[d]), dts[d]), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
