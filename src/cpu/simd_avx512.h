@@ -310,19 +310,25 @@ VAI vf vneg(vf v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); } /* -v, exa
 /* bn_stats_shift (ukernels.h) lane by lane with K = kb and s1 = a * (1 / S), s2 = q * (1 / S)
    * (1 / S) in double, as k_stats_run ends: out[3 c] = t1, out[3 c + 1] = t2, out[3 c + 2] = kb
    for the first n lanes c */
+VAI void vstats_half(__m256 kb, __m256 sc, __m256 a, __m256 q, double total, double *t1,
+                     double *t2, double *tk) {
+  const __m512d kbd = _mm512_cvtps_pd(kb);
+  const __m512d is = _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_cvtps_pd(sc));
+  const __m512d s1 = _mm512_mul_pd(_mm512_cvtps_pd(a), is);
+  const __m512d s2 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(q), is), is);
+  const __m512d delta = _mm512_sub_pd(kbd, kbd), ld = _mm512_mul_pd(_mm512_set1_pd(total), delta);
+  const __m512d u2 = _mm512_add_pd(s2, _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), delta), s1));
+  _mm512_storeu_pd(t1, _mm512_add_pd(s1, ld));
+  _mm512_storeu_pd(t2, _mm512_add_pd(u2, _mm512_mul_pd(ld, delta)));
+  _mm512_storeu_pd(tk, kbd);
+}
 VAI void vstats_out(vf kb, vf sc, vf a, vf q, double total, int n, double *out) {
   double t[3][16];
-  for (int hf = 0; hf < 2; hf++) {
-    const __m512d kbd = _mm512_cvtps_pd(_mm512_extractf32x8_ps(kb, hf));
-    const __m512d is = _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_cvtps_pd(_mm512_extractf32x8_ps(sc, hf)));
-    const __m512d s1 = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(a, hf)), is);
-    const __m512d s2 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(q, hf)), is), is);
-    const __m512d delta = _mm512_sub_pd(kbd, kbd), ld = _mm512_mul_pd(_mm512_set1_pd(total), delta);
-    const __m512d t2 = _mm512_add_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), delta), s1), s2);
-    _mm512_storeu_pd(t[0] + 8 * hf, _mm512_add_pd(s1, ld));
-    _mm512_storeu_pd(t[1] + 8 * hf, _mm512_add_pd(t2, _mm512_mul_pd(ld, delta)));
-    _mm512_storeu_pd(t[2] + 8 * hf, kbd);
-  }
+  vstats_half(_mm512_castps512_ps256(kb), _mm512_castps512_ps256(sc), _mm512_castps512_ps256(a),
+              _mm512_castps512_ps256(q), total, t[0], t[1], t[2]);
+  vstats_half(_mm512_extractf32x8_ps(kb, 1), _mm512_extractf32x8_ps(sc, 1),
+              _mm512_extractf32x8_ps(a, 1), _mm512_extractf32x8_ps(q, 1), total, t[0] + 8,
+              t[1] + 8, t[2] + 8);
   for (int c = 0; c < n; c++) out[3 * c] = t[0][c], out[3 * c + 1] = t[1][c], out[3 * c + 2] = t[2][c];
 }
 
