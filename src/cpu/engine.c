@@ -239,6 +239,13 @@ static int cf_chans(const norm_job *jb) {
   return jb->nsums == SUMS_STATS && cf_chunks(jb) == 1 && cf_spr_sums(jb) > 1 &&
          jb->g->s <= CF_CHANS_MAX_S;
 }
+/* the statistics of channels [ch, ch + m) (m <= NORM_CF_RUNS) of the samples [i, i + nr) into
+   out[3 j ..]: seg_sums_cf of each, the same bits */
+static void stats_cf_chans(const norm_job *jb, int64_t ch, int64_t m, int64_t i, int64_t nr,
+                           double *out) {
+  const norm_geom *g = jb->g;
+  jb->uk->stats_chans(tptr(jb, jb->x, (i * g->c + ch) * g->s), g->s, nr, g->c * g->s, m, out);
+}
 
 /* rows of the samples [i0, i1) in rows form */
 static inline int64_t row_of(const norm_job *jb, int64_t i) { return i * jb->g->s; }
@@ -433,8 +440,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
         double o[3 * NORM_CF_RUNS];
         for (int64_t j = 0; j < u->nc; j += NORM_CF_RUNS) {
           const int64_t m = u->nc - j < NORM_CF_RUNS ? u->nc - j : NORM_CF_RUNS;
-          jb->uk->stats_chans(tptr(jb, jb->x, (i * g->c + u->j0 + j) * g->s), g->s, nr,
-                              g->c * g->s, m, o);
+          stats_cf_chans(jb, u->j0 + j, m, i, nr, o);
           for (int64_t r = 0; r < m; r++)
             absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)(nr * g->s));
         }
@@ -733,8 +739,7 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
       /* short runs: consecutive channels of the segment in one stats_chans call */
       double o[3 * NORM_CF_RUNS];
       if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;
-      jb->uk->stats_chans(tptr(jb, jb->x, (i * c + ch) * jb->g->s), jb->g->s,
-                          i1 - i < spr ? i1 - i : spr, c * jb->g->s, m, o);
+      stats_cf_chans(jb, ch, m, i, i1 - i < spr ? i1 - i : spr, o);
       for (int64_t r = 0; r < m; r++)
         for (int k = 0; k < 3; k++) sa->part[((ch + r) * nseg + seg) * 3 + k] = o[3 * r + k];
       it += m;
