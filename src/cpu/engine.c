@@ -1268,6 +1268,29 @@ static int forced_schedule(void) {
      2x1000x7x7 ran 0.79-0.83x on 2 threads, bf16 8x256x7x7 0.91x);
    - channels-last training forward: from NORM_SERIAL_BELOW (at 131072 values 0.89-1.12x). */
 #define NORM_PAR_TRAIN ((int64_t)98304)
+/* Channels-first training with short runs costs per run and per channel more than its values
+   say: a one-thread fit over 20 shapes of 8K-66K values with runs of 4-49 (Zen 5, f32, in
+   the caches) gave 0.087 ns a value, 7.5 ns a channel and 5.1 ns a run for the backward, and
+   0.064, 8.2 and 5.6 for the forward.  So with many channels of short runs two threads pay
+   below NORM_PAR_TRAIN: work in values, a channel counted as 87 (forward 128) and a run as 58
+   (87), from 131072 (forward 262144), about 12 (17) us of one thread.  Measured, 1 / 2 threads
+   (median of 5-7 alternating rounds, f32): backward 8x1024x2x2 1.81x, 4x1024x4x4 1.73x,
+   32x256x2x2 1.67x, 16x256x4x4 1.47x, 2x1024x5x5 1.42x, 32x128x3x3 1.38x, 2x1344x4x2 1.36x,
+   64x64x2x2 1.33x, 4x704x3x3 1.30x, 16x192x2x2 1.26x, 2x512x7x7 1.19x, 4x512x2x2 1.19x,
+   8x512x3x3 1.17x, bf16 2x1344x4x2 1.41x, 8x512x3x3 1.34x; forward 1x1024x7x7 1.46x,
+   8x512x3x3 1.15-1.47x, 8x320x5x5 1.32-1.35x, 16x256x3x3 1.13-1.30x, 16x192x2x2 1.08-1.25x,
+   64x64x2x2 1.10-1.12x.  Where one thread stays: backward 16x64x7x7 0.86x, 4x192x7x7 0.94x,
+   8x128x4x4 0.89x, 4x160x5x5 0.65x; forward 2x512x7x7 0.94-1.50x, 2x512x4x4 0.94x,
+   16x64x7x7 0.77x, 8x128x4x4 0.62-0.84x.  Not under 64 channels, whose units get too small
+   to share (backward 64x32x2x2 0.87x, 128x16x3x3 0.73x; forward 0.84x, 0.80x).  (Runs of 1-2
+   values take the rows form, op_bn.c's wide view, and never come here.) */
+#define CF_PAR_MIN_C 64
+static int cf_short_runs_parallel(const norm_geom *g, int backward) {
+  if (g->c < CF_PAR_MIN_C) return 0;
+  const int64_t runs = g->n * g->c;
+  return backward ? g->total + 87 * g->c + 58 * runs >= NORM_SERIAL_BELOW
+                  : g->total + 128 * g->c + 87 * runs >= 2 * NORM_SERIAL_BELOW;
+}
 static int bn_threads(const norm_job *jb) {
   const norm_geom *g = jb->g;
   const int backward = jb->dy != NULL || jb->nsums == SUMS_BWD;
@@ -1277,6 +1300,7 @@ static int bn_threads(const norm_job *jb) {
     need = NORM_SERIAL_BELOW + 32 * g->c;
   } else if (!jb->rows_form) {
     if (g->esize == 4 || g->c >= 256) work += 48 * g->c, need = NORM_PAR_TRAIN;
+    if (cf_short_runs_parallel(g, backward)) return norma__threads();
   } else if (backward && g->esize == 4 && whole_lines) {
     need = NORM_PAR_TRAIN;
   }

@@ -223,11 +223,14 @@ int main(void) {
   norma_set_use_reference(0);
   typedef struct { int64_t n, c, s; } shape;
   /* {1, 1024, 49} and {8, 256, 49}: the smallest calls that share their work (bn_threads in
-     engine.c: channels-first training with many channels, the channels-last backward) */
+     engine.c: channels-first training with many channels, the channels-last backward);
+     {2, 1344, 8}: a small call of many short channels-first runs, which shares its work too
+     (cf_short_runs_parallel) */
   static const shape full[] = {{2, 1, 100000}, {2, 3, 100000}, {8, 300, 196}, {128, 1000, 1},
-                               {5, 17, 3001}, {1, 2, 262147}, {1, 1024, 49}, {8, 256, 49}};
+                               {5, 17, 3001}, {1, 2, 262147}, {1, 1024, 49}, {8, 256, 49},
+                               {2, 1344, 8}};
   static const shape small[] = {{2, 1, 100000}, {2, 3, 30001}, {4, 300, 49}, {64, 257, 1},
-                                {1, 1024, 49}, {8, 256, 49}};
+                                {1, 1024, 49}, {8, 256, 49}, {2, 1344, 8}};
   const shape *shapes = quick ? small : full;
   const int ns = quick ? (int)(sizeof small / sizeof *small) : (int)(sizeof full / sizeof *full);
   static const unsigned flag_list[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU};
