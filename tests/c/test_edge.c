@@ -41,12 +41,15 @@ int main(void) {
     enum { N = 40 };
     float x[N], y[N], sm[N], is[N];
     for (int i = 0; i < N; i++) x[i] = (float)(sc * (1 + (i * 7) % 8)); /* eight levels */
-    /* BatchNorm, one channel of 40 values: [40, 1] rows; [2, 1, 20] runs */
+    /* BatchNorm, one channel of 40 values: [40, 1] rows; [2, 1, 20] runs; [20, 1, 2] runs of
+       two, which take the wide view (op_bn.c: a column per position, the constants repeated
+       onto the columns, here those applied in double) */
     for (int lay = 0; lay < 2; lay++) {
       norma_bn_desc a = {N, 1, 1, (norma_layout)lay, NORMA_F32, 0.0, 0};
       norma_bn_desc b = {2, 1, N / 2, (norma_layout)lay, NORMA_F32, 0.0, 0};
-      norma_bn_desc *ds[] = {&a, &b};
-      for (int k = 0; k < 2; k++) {
+      norma_bn_desc c = {N / 2, 1, 2, (norma_layout)lay, NORMA_F32, 0.0, 0};
+      norma_bn_desc *ds[] = {&a, &b, &c};
+      for (int k = 0; k < 3; k++) {
         snprintf(what, sizeof what, "bn scale %g %s n=%lld", sc, tu_layout_name(ds[k]->layout),
                  (long long)ds[k]->n);
         TU_CHECK(norma_bn_forward_training(ds[k], x, NULL, NULL, NULL, y, sm, is, NULL, NULL,
