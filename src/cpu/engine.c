@@ -1281,7 +1281,7 @@ static int forced_schedule(void) {
    8x512x3x3 1.15-1.47x, 8x320x5x5 1.32-1.35x, 16x256x3x3 1.13-1.30x, 16x192x2x2 1.08-1.25x,
    64x64x2x2 1.10-1.12x.  Where one thread stays: backward 16x64x7x7 0.86x, 4x192x7x7 0.94x,
    8x128x4x4 0.89x, 4x160x5x5 0.65x; forward 2x512x7x7 0.94-1.50x, 2x512x4x4 0.94x,
-   16x64x7x7 0.77x, 8x128x4x4 0.62-0.84x.  Not under 64 channels, whose units get too small
+   16x64x7x7 0.77-1.13x, 8x128x4x4 0.62-0.84x.  Not under 64 channels, whose units get too small
    to share (backward 64x32x2x2 0.87x, 128x16x3x3 0.73x; forward 0.84x, 0.80x).  (Runs of 1-2
    values take the rows form, op_bn.c's wide view, and never come here.) */
 #define CF_PAR_MIN_C 64
