@@ -1143,6 +1143,28 @@ static int cf_split_streams(const norm_job *jb) {
          (g->n >= NORM_CF_SPLIT_SHORT_MIN_N && g->s <= NORM_CF_SPLIT_SHORT_MAX_S);
 }
 
+/* The backward in rows form whose units would not share out evenly (3 units of 512 channels
+   for 2 threads: rows of 1025 to 1536 channels, or 5 of 2049 to 2560) took the split
+   schedule, whose threads split the channels for the sums and then the rows for the apply,
+   half of which the other thread's cache holds.  Where one unit per thread fits the unit
+   budget with pieces of at least NORMA_MIN_PIECE, each thread takes a unit of C / nt channels
+   (beyond NORM_MAX_UNIT) and reads it again from its own cache, as oneDNN's channels-last
+   backward does.  Measured (Zen 5, 2 threads, f32 unless said, median of 5 alternating rounds,
+   ms, split / a unit per thread): NHWC 1x1344x10x9 0.0337 / 0.0311 (0.039 / 0.031 in a slow
+   phase), 1x1152x10x10 0.0322 / 0.0303, 1x1408x9x8 0.0338 / 0.0245, 1x1536x8x8 0.0298 /
+   0.0239, 1x2304x7x7 0.0411 / 0.0324, 3x1152x6x6 0.0339 / 0.0327, 2x1280x7x7 0.0336 / 0.0333.
+   Not two units per thread (4x1280x6x6, units of 320: 0.0514 / 0.0562), nor beyond the budget
+   (1x768x10x18, units of 384: 0.0334 / 0.0556).  Both schedules give the same bits. */
+static int bwd_unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
+  const norm_geom *g = jb->g;
+  const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
+  if (nt <= 1 || w >= g->c || (g->c + w - 1) / w != nt || w * (int64_t)g->esize < min_piece() ||
+      (double)w * per_channel > (double)budget)
+    return 0;
+  jb->unit = w;
+  return 1;
+}
+
 static int plan_bn(norm_job *jb) {
   const norm_geom *g = jb->g;
   const int64_t budget = norm_unit_budget();
@@ -1186,7 +1208,8 @@ static int plan_bn(norm_job *jb) {
      0.039 / 0.044, NHWC 4x4096x7x7 0.102 / 0.111.  The backward with 4 units stays fused
      (1x2048x7x7 0.023 / 0.031, 3x2048x7x7 0.067 / 0.073). */
   if (jb->nsums == SUMS_STATS && jb->nt > 1 && (g->c + w - 1) / w < 3 * (int64_t)jb->nt) return 0;
-  return use_fused(jb, (g->c + w - 1) / w);
+  if (use_fused(jb, (g->c + w - 1) / w)) return 1;
+  return jb->nsums == SUMS_BWD && bwd_unit_per_thread(jb, line, per_channel, budget);
 }
 
 /* BatchNorm inference in rows form with few rows and many channels, in the caches: units of

@@ -313,7 +313,7 @@ int main(void) {
              norma_isa_name(norma_get_isa()));
 
   static const int64_t Ns[] = {1, 2, 5}, Cs[] = {1, 3, 17, 64, 1000}, Ss[] = {1, 7, 49, 1021};
-  shape shapes[80];
+  shape shapes[96];
   int ns = 0;
   for (int a = 0; a < 3; a++)
     for (int b = 0; b < 5; b++)
@@ -350,6 +350,9 @@ int main(void) {
   shapes[ns++] = (shape){2, 100, 300};
   /* few rows of many channels: inference in units of channels, one per thread */
   shapes[ns++] = (shape){17, 8200, 1};
+  /* and the backward's unit per thread (bwd_unit_per_thread in engine.c: 90 rows of 1360
+     channels, units of 688 and 672 on 2 threads) */
+  shapes[ns++] = (shape){1, 1360, 90};
 
   /* How much of dtype x layout x variant runs on a shape, by its element count:
        <= small: every dtype x layout x variant;
