@@ -1153,8 +1153,13 @@ static int cf_split_streams(const norm_job *jb) {
    ms, split / a unit per thread): NHWC 1x1344x10x9 0.0337 / 0.0311 (0.039 / 0.031 in a slow
    phase), 1x1152x10x10 0.0322 / 0.0303, 1x1408x9x8 0.0338 / 0.0245, 1x1536x8x8 0.0298 /
    0.0239, 1x2304x7x7 0.0411 / 0.0324, 3x1152x6x6 0.0339 / 0.0327, 2x1280x7x7 0.0336 / 0.0333.
-   Not two units per thread (4x1280x6x6, units of 320: 0.0514 / 0.0562), nor beyond the budget
-   (1x768x10x18, units of 384: 0.0334 / 0.0556).  Both schedules give the same bits. */
+   Paired against the split schedule (pair.py, 6-8 rounds): 1x1344x10x9 1.25-1.29x, 1x1408x9x8
+   1.36x, 2x1408x6x6 1.29x, 2x1152x7x7 1.18x, 3x1152x6x6 1.14x; against oneDNN 1.03-1.58x
+   on these and 1x1536x8x8, 1x2304x7x7 (1x1344x10x9 was 0.70-0.80x).  Rows of 1280 channels
+   gained in the machine's fast phase (2x1280x7x7 1.25x, 1x1280x10x10 1.21x) and lost in its
+   slow one (0.85x, 0.84x; not explained).  Not two units per thread (4x1280x6x6, units of
+   320: 0.0514 / 0.0562), nor beyond the budget (1x768x10x18, units of 384: 0.0334 / 0.0556).
+   Both schedules give the same bits. */
 static int bwd_unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
   const norm_geom *g = jb->g;
   const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
