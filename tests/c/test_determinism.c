@@ -245,7 +245,7 @@ int main(void) {
   for (int t = 0; t < 4; t++)
     det_case(8, 300, 196, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 99 + t, 3e4);
   /* few rows of many channels: the backward's unit per thread (688 + 672 channels on 2
-     threads; units of 512 on 1 and 3 threads, the split schedule on 4) */
+     threads; units of 512 on 1 thread, the split schedule on 3 and 4) */
   det_case(1, 1360, 90, NORMA_CHANNELS_LAST, NORMA_F32, 0, 66, 0.0);
   /* channels-first runs of 2 values: the blocked wide view */
   for (int t = 0; t < 4; t++)
