@@ -1163,7 +1163,7 @@ static int cf_split_streams(const norm_job *jb) {
 static int bwd_unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
   const norm_geom *g = jb->g;
   const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
-  if (nt <= 1 || w >= g->c || (g->c + w - 1) / w != nt || w * (int64_t)g->esize < min_piece() ||
+  if (w >= g->c || (g->c + w - 1) / w != nt || w * (int64_t)g->esize < min_piece() ||
       (double)w * per_channel > (double)budget)
     return 0;
   jb->unit = w;
@@ -1190,8 +1190,10 @@ static int plan_bn(norm_job *jb) {
        1.16x, 8x512x3x3 1.12x; backward 64x24x2x2 1.14x, 16x24x7x7 1.21x. */
     if (jb->nt > 1)
       while (w > 1 && (g->c + w - 1) / w < 4 * (int64_t)jb->nt) w--;
-    if (cf_chans(jb) && w > 16) w = w / 16 * 16;
-    else if (cf_chans(jb) && g->c >= 32 * (int64_t)jb->nt && 16 * slab <= (double)budget) w = 16;
+    if (cf_chans(jb)) {
+      if (w > 16) w = w / 16 * 16;
+      else if (g->c >= 32 * (int64_t)jb->nt && 16 * slab <= (double)budget) w = 16;
+    }
     jb->unit = w; /* also the fused schedule's unit when NORMA_SCHEDULE forces it */
     return !cf_split_streams(jb) && use_fused(jb, (g->c + w - 1) / w);
   }
