@@ -1349,8 +1349,9 @@ static int bn_threads(const norm_job *jb) {
 
 /* The backward's apply of f32 channels-last rows with streaming stores goes by fours on
    AVX-512 (see bwd_rows_block).  Far beyond the caches a row at a time is faster for rows of
-   481 to 672 channels, with every activation since the prefetch below: it streams x and dy
-   and writes dx in address order where the fours keep eight reads and four writes in flight.
+   481 to 896 channels (672 until the twenty-ninth session, below), with every activation
+   since the prefetch below: it streams x and dy and writes dx in address order where the
+   fours keep eight reads and four writes in flight.
    Measured without an activation and before the prefetch (nineteenth
    session, Zen 5, 2 threads, the whole backward): in one process alternating both ways over
    20-30 rounds (median ratio; the same path both ways gave 1.010x, quartiles 0.99-1.035)
@@ -1369,8 +1370,14 @@ static int bn_threads(const norm_job *jb) {
    rows (`bph`, the apply alone: 16x30x30x768 1.04x, 64x19x19x960 0.79-0.85x, 16x30x30x1344
    0.83-0.98x) nor bf16 (58x576x28x28 0.98x, 64x512x28x28 0.98x), nor the rows of AVX-512's
    strips (up to 480 channels), which the flag's prefetch slowed (`bph`, the apply alone, ms):
-   63x21x21x384 2.55-2.62 against 1.57-1.71, 32x32x32x288 2.32-2.38 against 1.48. */
-#define NORM_BWD_ONE_ROW_MAX 2688 /* bytes of a row: 672 f32 */
+   63x21x21x384 2.55-2.62 against 1.57-1.71, 32x32x32x288 2.32-2.38 against 1.48.
+   The twenty-ninth session widened it from 672 to 896 channels: pair.py against rows by fours
+   (Zen 5, 2 threads, 6-8 rounds) 32x704x30x30 1.14x (0.96x in a noisy run), 16x768x28x28
+   1.16x and 1.04x, 32x768x34x34 1.07x, 48x768x27x27 1.05x, 64x768x24x24 1.05x,
+   64x768x34x34 1.06x, 24x832x28x28 1.03x, 64x896x28x28 1.05x, 32x896x20x20 1.00x, add +
+   ReLU 32x768x28x28 1.10x, ReLU 1.04x; wider rows were even or lost (64x960x19x19 1.00x,
+   32x1024x24x24 0.98x). */
+#define NORM_BWD_ONE_ROW_MAX 3584 /* bytes of a row: 896 f32 */
 static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
   return g->dt == NORMA_F32 && !g->per_sample && g->layout == NORMA_CHANNELS_LAST &&
          bytes > NORM_SEQ_BYTES && g->c >= BN_SEQ_ROW_MIN &&

@@ -261,8 +261,9 @@ int main(void) {
     det_case(16, 1344, 196, NORMA_CHANNELS_LAST, NORMA_F32, 0, 31, 0.0);
     det_case(16, 2048, 361, NORMA_CHANNELS_LAST, NORMA_BF16, NORMA_BN_RELU, 32, 0.0);
     /* and beyond NORM_SEQ_BYTES (50 MB): the backward's sums of rows of 720 channels a row
-       at a time in address order; 20 segments of 868 rows, whose channels 6 and 8 threads
-       split (a block a thread) */
+       at a time in address order, and its apply too (BN_ROWS_ONE, rows of up to 896 f32
+       channels); 20 segments of 868 rows, whose channels 6 and 8 threads split (a block a
+       thread) */
     det_more_threads = 1;
     det_case(12, 720, 1444, NORMA_CHANNELS_LAST, NORMA_F32, 0, 33, 0.0);
     det_more_threads = 0;

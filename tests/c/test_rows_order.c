@@ -164,7 +164,7 @@ static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype
    rows by fours: rows of whole lines there */
 static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   static const int64_t seq_widths[] = {1, 3, 16, 17, 64, 100, 255, 256, 257};
-  static const int64_t one_widths[] = {16, 64, 512, 576, 672};
+  static const int64_t one_widths[] = {16, 64, 512, 576, 672, 768, 896};
   check_apply_flag(isa, uk, dt, seq_widths, sizeof seq_widths / sizeof seq_widths[0],
                    BN_PF_AHEAD, BN_ROWS_SEQ, 79, "with the rows in order (BN_ROWS_SEQ)");
   check_apply_flag(isa, uk, dt, one_widths, sizeof one_widths / sizeof one_widths[0],
