@@ -392,6 +392,14 @@ static void unit_merge_groups(norm_job *jb, norm_unit *u, double cnt_per_channel
 
 static void unit_reduce(norm_job *jb, norm_unit *u) {
   const norm_geom *g = jb->g;
+  /* (rows form: the first segment's absorb sets the totals, or one segment writes them) */
+  if (!jb->rows_form)
+    for (int k = 0; k < 3; k++)
+      for (int64_t j = 0; j < u->nc; j++) u->tot[k * u->ts + j] = 0.0;
+  if (g->per_sample && !jb->rows_form && jb->nsums == SUMS_STATS) {
+    unit_stats_groups_cf(jb, u);
+    return;
+  }
   if (jb->rows_form) {
     const int64_t r0 = row_of(jb, u->i0), r1 = row_of(jb, u->i1);
     const int64_t seg = seg_len(jb, r1 - r0);
@@ -409,18 +417,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
         absorb_all(jb, u->tot, u->ts, u->nc, ra == r0, s, u->ts, (double)(rb - ra));
       }
     }
-    if (g->per_sample && jb->nsums == SUMS_STATS && g->cpg > 1)
-      unit_merge_groups(jb, u, (double)g->s);
-    if (jb->nsums == SUMS_BWD) convert_sums(jb, u, (double)((u->i1 - u->i0) * g->s));
-    return;
-  }
-  for (int k = 0; k < 3; k++)
-    for (int64_t j = 0; j < u->nc; j++) u->tot[k * u->ts + j] = 0.0;
-  if (g->per_sample && jb->nsums == SUMS_STATS) {
-    unit_stats_groups_cf(jb, u);
-    return;
-  }
-  if (jb->nsums == SUMS_BWD && u->i1 - u->i0 == 1 && cf_sweep(jb)) {
+  } else if (jb->nsums == SUMS_BWD && u->i1 - u->i0 == 1 && cf_sweep(jb)) {
     /* one sample's short runs (a per-sample norm's unit): one call sweeps its channels
        (BN_RUN_CHANS), each channel's sums as its own call would give them, into the unit's
        segment buffer (3 * ts doubles after dcst) */
