@@ -1331,8 +1331,9 @@ static int forced_schedule(void) {
    64x64x2x2 1.10-1.12x.  Where one thread stays: backward 16x64x7x7 0.86x, 4x192x7x7 0.94x,
    8x128x4x4 0.89x, 4x160x5x5 0.65x; forward 2x512x7x7 0.94-1.50x, 2x512x4x4 0.94x,
    16x64x7x7 0.77-1.13x, 8x128x4x4 0.62-0.84x.  Not under 64 channels, whose units get too small
-   to share (backward 64x32x2x2 0.87x, 128x16x3x3 0.73x; forward 0.84x, 0.80x).  (Runs of 1-2
-   values take the rows form, op_bn.c's wide view, and never come here.) */
+   to share (backward 64x32x2x2 0.87x, 128x16x3x3 0.73x; forward 0.84x, 0.80x).  (Runs of 2
+   values, and of 3-12 with enough samples, take the rows form, op_bn.c's wide view
+   (wide_cf_runs), and never come here.) */
 #define CF_PAR_MIN_C 64
 static int cf_short_runs_parallel(const norm_geom *g, int backward) {
   if (g->c < CF_PAR_MIN_C) return 0;

@@ -168,13 +168,33 @@ typedef struct wide_ctx {
   int64_t rep;                  /* blocked: the columns per channel (S); 0: interleaved */
 } wide_ctx;
 
-/* channels-first runs of up to this many values take the blocked wide view.  Measured (2
-   threads, Zen 5, f32, ms, wide / channels-first kernels): 128x512x2x2 forward 0.09 / 0.43,
-   backward 0.13 / 0.50, inference 0.033 / 0.078; but at S = 3-9 the channels-first kernels
-   are even or faster (64x256x4x4 backward 0.23 / 0.08, 16x256x9x9 forward 0.080 / 0.064). */
-#ifndef WIDE_CF_MAX_S
-#define WIDE_CF_MAX_S 2
-#endif
+/* Channels-first runs of S = 2 values always take the blocked wide view; runs of 3 to 12 values
+   take it from enough samples, in rows of at most WIDE_CF_MAX_COLS columns.  The channels-first
+   kernels pay per run (about 5-7 ns, engine.c's cf_short_runs_parallel), the wide view per
+   column (its sums, their merge into the channel, the constants repeated S times and read
+   with every row), so it pays where the runs per channel (N) outnumber the columns per
+   channel (S) several times over.  Measured (2 threads, Zen 5, f32, one median of 100-200
+   calls per build, channels-first kernels / wide view, at C = 64, 256 and 1024):
+     S = 4, an earlier session: 128x512x2x2 forward 0.43 / 0.09, backward 0.50 / 0.13;
+     S = 3, 4 from N = 8: forward 1.6-2.6x, backward 1.1-2.0x, inference 2.2-2.7x as fast
+       (more at larger N; N = 2: 0.58-1.19x, N = 4: backward 0.71-1.23x);
+     S = 6 from N = 24: forward 1.7-5.7x, backward 1.45-4.8x, inference 1.3-5.6x (N = 8-12:
+       f32 backward of 1024 channels 0.69-0.75x, N = 16: bf16 0.67x);
+     S = 9 from N = 48: 1.12-4.1x (N = 16-24: backward 0.74-0.93x at 1024 channels);
+     S = 12 from N = 128: 1.19-2.9x (N = 64: backward 0.89x, inference 0.94x at 1024);
+     S = 16 stays channels-first (N = 128, 1024 channels: backward 0.75x, inference 0.63x;
+       N = 24: 0.46-1.7x).
+   bf16 at N = 8 (S = 3, 4), 48 (S = 9) and 128 (S = 12): 1.16-2.9x.  NCHW 64x173x2x2 (from
+   a random sweep, 0.96x of oneDNN before) ran forward 0.050 / 0.010, backward 0.058 / 0.016,
+   inference 0.019 / 0.005 ms. */
+#define WIDE_CF_MAX_COLS 16384
+static int wide_cf_runs(const norm_geom *g) {
+  static const struct { int64_t s, n; } from[] = {{2, 1}, {4, 8}, {6, 24}, {9, 48}, {12, 128}};
+  if (g->s > 2 && g->c * g->s > WIDE_CF_MAX_COLS) return 0;
+  for (size_t i = 0; i < sizeof from / sizeof from[0]; i++)
+    if (g->s <= from[i].s) return g->s >= 2 && g->n >= from[i].n;
+  return 0;
+}
 
 static int64_t wide_factor(const norm_geom *g, int backward) {
   /* rows of exactly one line: wider only for the forward (measured on 16 f32 channels:
@@ -222,7 +242,7 @@ static void narrow(const norm_job *jb, const norm_unit *u, norm_job *j, norm_uni
     for (int64_t hi = c; hi > 0; hi -= EB) {                                                  \
       const int64_t lo = hi > EB ? hi - EB : 0;                                               \
       memcpy(b, v + lo, (size_t)(hi - lo) * sizeof *b);                                       \
-      if (rep == 2) /* the only rep today (WIDE_CF_MAX_S): a loop the compiler vectorizes */  \
+      if (rep == 2) /* runs of two, the commonest: a loop the compiler vectorizes */          \
         for (int64_t i = 0; i < hi - lo; i++) v[2 * (lo + i)] = v[2 * (lo + i) + 1] = b[i];   \
       else                                                                                    \
         for (int64_t i = 0; i < hi - lo; i++)                                                 \
@@ -303,7 +323,7 @@ static void wide_finalize(norm_job *jb, norm_unit *u) {
 static int64_t wide_geom(const norm_geom *g, int backward, norm_geom *gw) {
   *gw = *g;
   if (g->layout == NORMA_CHANNELS_FIRST) {
-    if (g->s < 2 || g->s > WIDE_CF_MAX_S) return -1;
+    if (!wide_cf_runs(g)) return -1;
     gw->c = g->c * g->s, gw->s = 1;
     norm_geom_finish(gw);
     return g->s;

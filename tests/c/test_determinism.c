@@ -251,6 +251,10 @@ int main(void) {
   for (int t = 0; t < 4; t++)
     det_case(128, 600, 2, NORMA_CHANNELS_FIRST, (norma_dtype)t, t == 1 ? NORMA_BN_ADD_RELU : 0,
              55 + t, 0.0);
+  /* and runs of 4 and 9 values from enough samples (wide_cf_runs): 692 and 1557 columns */
+  for (int t = 0; t < 4; t++)
+    det_case(t < 2 ? 64 : 48, 173, t < 2 ? 4 : 9, NORMA_CHANNELS_FIRST, (norma_dtype)t,
+             t == 2 ? NORMA_BN_RELU : 0, 59 + t, 0.0);
   /* few rows of many channels: inference in units of channels, one per thread */
   for (int t = 0; t < 4; t++)
     det_case(16, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);

@@ -339,6 +339,14 @@ int main(void) {
   /* channels-first runs of 2 values: the blocked wide view ([N][C S] rows) */
   shapes[ns++] = (shape){3, 17, 2};
   shapes[ns++] = (shape){40, 1000, 2};
+  /* and runs of 3 to 12 with enough samples (op_bn.c, wide_cf_runs), S columns a channel;
+     7 samples of runs of 4 stay channels-first */
+  shapes[ns++] = (shape){16, 17, 3};
+  shapes[ns++] = (shape){8, 1000, 4};
+  shapes[ns++] = (shape){7, 33, 4};
+  shapes[ns++] = (shape){24, 64, 6};
+  shapes[ns++] = (shape){48, 5, 9};
+  shapes[ns++] = (shape){128, 3, 12};
   /* channels-last rows of more than 1024 channels: the backward apply in blocks of 512
      channels (a partial last block, a partial last vector) */
   shapes[ns++] = (shape){3, 1100, 7};
