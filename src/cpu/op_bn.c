@@ -187,13 +187,14 @@ typedef struct wide_ctx {
    bf16 at N = 8 (S = 3, 4), 48 (S = 9) and 128 (S = 12): 1.16-2.9x.  NCHW 64x173x2x2 (from
    a random sweep, 0.96x of oneDNN before) ran forward 0.050 / 0.010, backward 0.058 / 0.016,
    inference 0.019 / 0.005 ms.  Wide rows need more samples still: paired (pair.py), the
-   backward of 8x2048x2x2 (8192 columns) 1.02x, of 8x4096x2x2 0.77x (its forward 1.26x), so
-   at most 1024 columns a sample. */
+   backward of 8x1024x2x2 (4096 columns) 1.12x (1.16x --twice), of 8x2048x2x2 0.99x (0.85x
+   --twice), of 8x4096x2x2 0.77x; the forward of 8x2048x2x2 1.33x, of 8x4096x2x2 1.26x.  So
+   at most 1024 columns a sample, 512 for the backward. */
 #define WIDE_CF_MAX_COLS 16384
-static int wide_cf_runs(const norm_geom *g) {
+static int wide_cf_runs(const norm_geom *g, int backward) {
   static const struct { int64_t s, n; } from[] = {{2, 1}, {4, 8}, {6, 24}, {9, 48}, {12, 128}};
   const int64_t cols = g->c * g->s;
-  if (g->s > 2 && (cols > WIDE_CF_MAX_COLS || cols > 1024 * g->n)) return 0;
+  if (g->s > 2 && (cols > WIDE_CF_MAX_COLS || cols > (backward ? 512 : 1024) * g->n)) return 0;
   for (size_t i = 0; i < sizeof from / sizeof from[0]; i++)
     if (g->s <= from[i].s) return g->s >= 2 && g->n >= from[i].n;
   return 0;
@@ -326,7 +327,7 @@ static void wide_finalize(norm_job *jb, norm_unit *u) {
 static int64_t wide_geom(const norm_geom *g, int backward, norm_geom *gw) {
   *gw = *g;
   if (g->layout == NORMA_CHANNELS_FIRST) {
-    if (!wide_cf_runs(g)) return -1;
+    if (!wide_cf_runs(g, backward)) return -1;
     gw->c = g->c * g->s, gw->s = 1;
     norm_geom_finish(gw);
     return g->s;
