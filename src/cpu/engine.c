@@ -816,8 +816,16 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    bytes), the tensors share one alignment, a super-row has at most NORM_SR_MAX_C values (half
    that for 16-bit data, whose constants are twice their bytes: bf16 20x728x19x19, 2912 values
    a super-row, ran its inference 0.78x as fast), and the threads get at least 4 super-rows
-   each. */
+   each.  Inference (the forward's apply alone, three constants) takes super-rows of up to
+   NORM_SR_MAX_INFER_C values: rows of 1221-1439 f32 channels, which need 16 rows a super-row,
+   ran 1.6-2x as long as rows of 1440 (inference NHWC 1x1439x43x52 0.45 against 0.23 ms;
+   0.86x of PyTorch).  Paired against 3072 (pair.py, 6 rounds): 1x1439x43x52 1.05-1.44x (1.65x
+   of PyTorch), 1x1436x43x52 1.35-1.52x, 4x1221x26x26 1.07x, 1x571x74x74 1.21x, 2x1439x20x20
+   1.61x, 16x999x14x14 1.23x, 8x1221x7x7 1.05x (0.83x while all nine constant arrays were
+   repeated), bf16 1x1439x43x52 1.04x.  The training forward and the backward keep 3072:
+   their apply follows a reduction, and 24576 ran NHWC 1x1439x43x52 0.90-0.95x (one run each). */
 #define NORM_SR_MAX_C 3072
+#define NORM_SR_MAX_INFER_C 24576
 static void plan_super_rows(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->srk = 0, jb->sra = 0;
@@ -830,8 +838,8 @@ static void plan_super_rows(norm_job *jb) {
      would leave them (32x40x56x56 inference ran 0.87x as fast) */
   if (row % vbytes == 0 || (isa == NORMA_ISA_AVX512 && g->c <= 128)) return;
   const int64_t k = norm_line_rows(row);
-  if (k * g->c > NORM_SR_MAX_C / (4 / (int64_t)g->esize) || g->m < 4 * k * (int64_t)jb->nt)
-    return;
+  const int64_t most = jb->nsums || jb->dy ? NORM_SR_MAX_C : NORM_SR_MAX_INFER_C;
+  if (k * g->c > most / (4 / (int64_t)g->esize) || g->m < 4 * k * (int64_t)jb->nt) return;
   const uintptr_t ph = (uintptr_t)jb->out % 64;
   const void *in[] = {jb->x, jb->res, jb->y, jb->dy, jb->dres};
   for (int i = 0; i < 5; i++)
@@ -845,11 +853,12 @@ static void plan_super_rows(norm_job *jb) {
 static size_t super_rows_bytes(const norm_job *jb) {
   return jb->srk ? norm_up64((size_t)C_COUNT * (size_t)(jb->srk * jb->g->c) * sizeof(float)) : 0;
 }
-/* the unit's kernel constants (every channel) repeated srk times into rep */
+/* the unit's kernel constants (every channel) repeated srk times into rep: the forward's
+   three (C_MHI, C_SCALE, C_SHIFT), or all of them for the backward */
 static void super_rows_consts(const norm_job *jb, norm_unit *u, float *rep) {
   const int64_t c = jb->g->c, w = jb->srk * c;
   const float *k = kcst(jb, u);
-  for (int q = 0; q < C_COUNT; q++)
+  for (int q = 0; q < (jb->dy ? C_COUNT : C_SHIFT + 1); q++)
     for (int64_t r = 0; r < jb->srk; r++)
       memcpy(&rep[q * w + r * c], &k[q * u->cs], (size_t)c * sizeof(float));
   u->rep = rep;
