@@ -821,8 +821,8 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    ran 1.6-2x as long as rows of 1440 (inference NHWC 1x1439x43x52 0.45 against 0.23 ms;
    0.86x of PyTorch).  Paired against 3072 (pair.py, 6 rounds): 1x1439x43x52 1.05-1.44x (1.65x
    of PyTorch), 1x1436x43x52 1.35-1.52x, 4x1221x26x26 1.07x, 1x571x74x74 1.21x, 2x1439x20x20
-   1.61x, 16x999x14x14 1.23x, 8x1221x7x7 1.05x (0.83x while all nine constant arrays were
-   repeated), bf16 1x1439x43x52 1.04x.  The training forward and the backward keep 3072:
+   1.61x (1.19x --twice), 16x999x14x14 1.23x, bf16 1x1439x43x52 1.04x; but 8x1221x7x7 (392
+   rows, 12 super-rows a thread) 0.94x (0.89x --twice), so from 16 super-rows a thread.  The training forward and the backward keep 3072:
    their apply follows a reduction, and 24576 ran NHWC 1x1439x43x52 0.90-0.95x (one run each). */
 #define NORM_SR_MAX_C 3072
 #define NORM_SR_MAX_INFER_C 24576
@@ -840,6 +840,9 @@ static void plan_super_rows(norm_job *jb) {
   const int64_t k = norm_line_rows(row);
   const int64_t most = jb->nsums || jb->dy ? NORM_SR_MAX_C : NORM_SR_MAX_INFER_C;
   if (k * g->c > most / (4 / (int64_t)g->esize) || g->m < 4 * k * (int64_t)jb->nt) return;
+  /* beyond NORM_SR_MAX_C, 16 super-rows a thread for the repeated constants to pay */
+  if (k * g->c > NORM_SR_MAX_C / (4 / (int64_t)g->esize) && g->m < 16 * k * (int64_t)jb->nt)
+    return;
   const uintptr_t ph = (uintptr_t)jb->out % 64;
   const void *in[] = {jb->x, jb->res, jb->y, jb->dy, jb->dres};
   for (int i = 0; i < 5; i++)

@@ -357,8 +357,8 @@ int main(void) {
   shapes[ns++] = (shape){8, 728, 49};
   shapes[ns++] = (shape){2, 100, 300};
   /* and the inference's super-rows of 16 rows (301 channels: 4816 values, engine.c's
-     NORM_SR_MAX_INFER_C), two threads from 140704 values */
-  shapes[ns++] = (shape){4, 301, 120};
+     NORM_SR_MAX_INFER_C; two threads from 140704 values, 16 super-rows each) */
+  shapes[ns++] = (shape){4, 301, 144};
   /* few rows of many channels: inference in units of channels, one per thread */
   shapes[ns++] = (shape){17, 8200, 1};
   /* and the backward's unit per thread (bwd_unit_per_thread in engine.c: 90 rows of 1360
