@@ -822,8 +822,9 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    0.86x of PyTorch).  Paired against 3072 (pair.py, 6 rounds): 1x1439x43x52 1.05-1.44x (1.65x
    of PyTorch), 1x1436x43x52 1.35-1.52x, 4x1221x26x26 1.07x, 1x571x74x74 1.21x, 2x1439x20x20
    1.61x (1.19x --twice), 16x999x14x14 1.23x, bf16 1x1439x43x52 1.04x; but 8x1221x7x7 (392
-   rows, 12 super-rows a thread) 0.94x (0.89x --twice), so from 16 super-rows a thread.  The training forward and the backward keep 3072:
-   their apply follows a reduction, and 24576 ran NHWC 1x1439x43x52 0.90-0.95x (one run each). */
+   rows, 12 super-rows a thread) 0.94x (0.89x --twice), so from 16 super-rows a thread.  The
+   training forward and the backward keep 3072: their apply follows a reduction, and 24576
+   ran NHWC 1x1439x43x52 0.90-0.95x (one run each). */
 #define NORM_SR_MAX_C 3072
 #define NORM_SR_MAX_INFER_C 24576
 static void plan_super_rows(norm_job *jb) {
