@@ -838,12 +838,11 @@ static void plan_super_rows(norm_job *jb) {
   /* AVX-512 applies rows of up to 128 values in strips, their constants in registers: super-rows
      would leave them (32x40x56x56 inference ran 0.87x as fast) */
   if (row % vbytes == 0 || (isa == NORMA_ISA_AVX512 && g->c <= 128)) return;
-  const int64_t k = norm_line_rows(row);
+  const int64_t k = norm_line_rows(row), vals = k * g->c, per = 4 / (int64_t)g->esize;
   const int64_t most = jb->nsums || jb->dy ? NORM_SR_MAX_C : NORM_SR_MAX_INFER_C;
-  if (k * g->c > most / (4 / (int64_t)g->esize) || g->m < 4 * k * (int64_t)jb->nt) return;
-  /* beyond NORM_SR_MAX_C, 16 super-rows a thread for the repeated constants to pay */
-  if (k * g->c > NORM_SR_MAX_C / (4 / (int64_t)g->esize) && g->m < 16 * k * (int64_t)jb->nt)
-    return;
+  /* super-rows a thread: 4, or 16 beyond NORM_SR_MAX_C for the repeated constants to pay */
+  const int64_t each = vals > NORM_SR_MAX_C / per ? 16 : 4;
+  if (vals > most / per || g->m < each * k * (int64_t)jb->nt) return;
   const uintptr_t ph = (uintptr_t)jb->out % 64;
   const void *in[] = {jb->x, jb->res, jb->y, jb->dy, jb->dres};
   for (int i = 0; i < 5; i++)

@@ -192,11 +192,13 @@ typedef struct wide_ctx {
    at most 1024 columns a sample, 512 for the backward. */
 #define WIDE_CF_MAX_COLS 16384
 static int wide_cf_runs(const norm_geom *g, int backward) {
-  static const struct { int64_t s, n; } from[] = {{2, 1}, {4, 8}, {6, 24}, {9, 48}, {12, 128}};
+  static const struct { int64_t s, n; } from[] = {{4, 8}, {6, 24}, {9, 48}, {12, 128}};
+  if (g->s < 2) return 0;
+  if (g->s == 2) return g->n >= 1;
   const int64_t cols = g->c * g->s;
-  if (g->s > 2 && (cols > WIDE_CF_MAX_COLS || cols > (backward ? 512 : 1024) * g->n)) return 0;
+  if (cols > WIDE_CF_MAX_COLS || cols > (backward ? 512 : 1024) * g->n) return 0;
   for (size_t i = 0; i < sizeof from / sizeof from[0]; i++)
-    if (g->s <= from[i].s) return g->s >= 2 && g->n >= from[i].n;
+    if (g->s <= from[i].s) return g->n >= from[i].n;
   return 0;
 }
 
