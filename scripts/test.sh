@@ -23,7 +23,11 @@ echo "== C and MPI tests (ctest)"
 ctest --test-dir build --output-on-failure
 
 echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+# -O1 with line tables: the instrumented vector-kernel files (ukernels_*.c) compile about 3x
+# faster than at -O2 -g (gcc 12: 30 s against 97 s for ukernels_avx2.c; ~35 CPU-minutes for
+# all four at -O2 -g), and the reports still name file and line
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMA_SANITIZE=ON \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DNORMA_WITH_MPI=OFF -DNORMA_WITH_TORCH=OFF -DNORMA_BUILD_TOOLS=OFF
 cmake --build build-asan -j"$JOBS"
 NORMA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2

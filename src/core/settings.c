@@ -87,10 +87,12 @@ static atomic_int g_emulated = 0; /* the avx512 level is the 16-lane emulation o
 static void isa_init(void) {
   if (atomic_load_explicit(&g_best, memory_order_relaxed) < 0) {
     int best = (int)detect_best(), emu = 0;
+#ifdef NORMA_HAVE_EMU16
     if (best == NORMA_ISA_AVX2) { /* NORMA_EMULATE_AVX512: a testing aid (simd_emu16.h) */
       const char *e = getenv("NORMA_EMULATE_AVX512");
       if (e && *e && strcmp(e, "0") != 0) best = NORMA_ISA_AVX512, emu = 1;
     }
+#endif
     atomic_store_explicit(&g_emulated, emu, memory_order_relaxed);
     atomic_store_explicit(&g_best, best, memory_order_relaxed); /* idempotent */
   }

@@ -38,7 +38,9 @@ static const bn_ukernels *native(norma_isa isa, norma_dtype t) {
 #endif
 #ifdef NORMA_HAVE_AVX2
     case NORMA_ISA_AVX512:
+#ifdef NORMA_HAVE_EMU16
       if (norma__avx512_emulated()) return bn_ukernels_emu16(t);
+#endif
 #ifdef NORMA_HAVE_AVX512BF16
       if (t == NORMA_BF16 && norma__cpu_features()->avx512bf16 && !norma__no_avx512bf16())
         return bn_ukernels_avx512bf16(t);

@@ -271,8 +271,10 @@ int main(void) {
     check_runs("scalar", bn_ukernels_scalar(dts[d]), dts[d]);
     check_chans("scalar", bn_ukernels_scalar(dts[d]), dts[d]);
 #ifdef NORMA_TEST_HAVE_AVX2
+#ifdef NORMA_TEST_HAVE_EMU16
     if (norma__cpu_has_avx2_kernels(f)) check_runs("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
     if (norma__cpu_has_avx2_kernels(f)) check_chans("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
+#endif
     if (norma__cpu_has_avx2_kernels(f)) check_table("avx2", bn_ukernels_avx2(dts[d]), dts[d]), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
