@@ -169,7 +169,8 @@ typedef struct wide_ctx {
 } wide_ctx;
 
 /* Channels-first runs of S = 2 values always take the blocked wide view; runs of 3 to 12 values
-   take it from enough samples, in rows of at most WIDE_CF_MAX_COLS columns.  The channels-first
+   take it from enough samples, in rows of at most WIDE_CF_MAX_COLS columns and of a number of
+   columns a sample that depends on S.  The channels-first
    kernels pay per run (about 5-7 ns, engine.c's cf_short_runs_parallel), the wide view per
    column (its sums, their merge into the channel, the constants repeated S times and read
    with every row), so it pays where the runs per channel (N) outnumber the columns per
@@ -189,16 +190,32 @@ typedef struct wide_ctx {
    inference 0.019 / 0.005 ms.  Wide rows need more samples still: paired (pair.py), the
    backward of 8x1024x2x2 (4096 columns) 1.12x (1.16x --twice), of 8x2048x2x2 0.99x (0.85x
    --twice), of 8x4096x2x2 0.77x; the forward of 8x2048x2x2 1.33x, of 8x4096x2x2 1.26x.  So
-   at most 1024 columns a sample, 512 for the backward. */
+   at most 1024 columns a sample, 512 for the backward.
+   Each direction has bounds of its own since (a random sweep: NCHW 32x144x2x4 backward 0.89x
+   of PyTorch).  The view's cost per value falls with the samples (about 0.3 + 4.5/N ns, the
+   backward at 300 channels), the runs' with S, and wide rows leave the cache, so it pays for
+   fewer samples of narrow rows.  Paired against the table before (pair.py, 4 rounds of 300):
+   forward 8x300x1x6 1.70x, 16x300x1x9 1.61x, 32x300x1x12 1.88x, 16x64x1x12 1.45x, 8x1600x1x5
+   1.24x, but 8x800x1x9 0.74x, 16x1000x1x12 0.78x, 12x300x1x12 0.95x, 8x64x1x16 0.55x;
+   backward 16x300x1x8 1.27x, 16x600x1x6 1.24x, 32x144x2x4 2.03x, 32x64x3x3 2.70x, but
+   16x600x1x8 0.89x, 16x300x1x12 0.78x, 32x300x1x12 0.93x. */
 #define WIDE_CF_MAX_COLS 16384
 static int wide_cf_runs(const norm_geom *g, int backward) {
-  static const struct { int64_t s, n; } from[] = {{4, 8}, {6, 24}, {9, 48}, {12, 128}};
+  /* the view pays from n samples for runs of up to s values, in rows of at most cols_n
+     columns a sample (any line that matches) */
+  typedef struct { int64_t s, n, cols_n; } wide_from;
+  static const wide_from fwd[] = {{6, 8, 1024}, {9, 16, 512}, {9, 48, 1024}, {12, 16, 128},
+                                  {12, 128, 1024}};
+  static const wide_from bwd[] = {{4, 8, 512}, {6, 24, 512}, {9, 16, 256}, {9, 48, 512},
+                                  {12, 128, 512}};
+  const wide_from *t = backward ? bwd : fwd;
+  const size_t nt = backward ? sizeof bwd / sizeof bwd[0] : sizeof fwd / sizeof fwd[0];
   if (g->s < 2) return 0;
   if (g->s == 2) return g->n >= 1;
   const int64_t cols = g->c * g->s;
-  if (cols > WIDE_CF_MAX_COLS || cols > (backward ? 512 : 1024) * g->n) return 0;
-  for (size_t i = 0; i < sizeof from / sizeof from[0]; i++)
-    if (g->s <= from[i].s) return g->n >= from[i].n;
+  if (cols > WIDE_CF_MAX_COLS) return 0;
+  for (size_t i = 0; i < nt; i++)
+    if (g->s <= t[i].s && g->n >= t[i].n && cols <= t[i].cols_n * g->n) return 1;
   return 0;
 }
 

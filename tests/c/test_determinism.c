@@ -255,6 +255,10 @@ int main(void) {
   for (int t = 0; t < 4; t++)
     det_case(t < 2 ? 64 : 48, 173, t < 2 ? 4 : 9, NORMA_CHANNELS_FIRST, (norma_dtype)t,
              t == 2 ? NORMA_BN_RELU : 0, 59 + t, 0.0);
+  /* runs of 8 from 16 samples (both directions' second bounds): 1384 columns */
+  for (int t = 0; t < 4; t++)
+    det_case(16, 173, 8, NORMA_CHANNELS_FIRST, (norma_dtype)t, t == 3 ? NORMA_BN_ADD_RELU : 0,
+             63 + t, 0.0);
   /* few rows of many channels: inference in units of channels, one per thread */
   for (int t = 0; t < 4; t++)
     det_case(16, 9000, 1, NORMA_CHANNELS_LAST, (norma_dtype)t, 0, 77 + t, 0.0);

@@ -347,6 +347,13 @@ int main(void) {
   shapes[ns++] = (shape){24, 64, 6};
   shapes[ns++] = (shape){48, 5, 9};
   shapes[ns++] = (shape){128, 3, 12};
+  /* the bounds a direction has of its own: the forward's 8 samples of runs of 6 and 16 of
+     runs of 12 (at most 128 columns a sample), the forward's and backward's 16 samples of
+     runs of 9 and of 8 (the backward: at most 256 columns a sample) */
+  shapes[ns++] = (shape){8, 17, 6};
+  shapes[ns++] = (shape){16, 31, 12};
+  shapes[ns++] = (shape){16, 33, 9};
+  shapes[ns++] = (shape){16, 300, 8};
   /* channels-last rows of more than 1024 channels: the backward apply in blocks of 512
      channels (a partial last block, a partial last vector) */
   shapes[ns++] = (shape){3, 1100, 7};

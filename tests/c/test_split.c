@@ -264,9 +264,10 @@ static void test_stats_from_moments(void) {
 static void test_split_vs_fused(void) {
   typedef struct { int64_t n, c, s; } shape;
   /* {3, 17, 2}: channels-first runs of two, the wide view (op_bn.c), whose statistics and sums
-     alone repeat no constants; {24, 17, 6}: runs of six with enough samples take it too */
+     alone repeat no constants; {24, 17, 6}, {16, 33, 9}: runs of six and nine with enough
+     samples take it too */
   static const shape shapes[] = {{2, 3, 49}, {5, 17, 7}, {2, 64, 1021}, {16, 33, 1}, {3, 17, 2},
-                                 {24, 17, 6}};
+                                 {24, 17, 6}, {16, 33, 9}};
   static const unsigned flag_list[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU, NORMA_BN_BIASED_RUNNING_VAR};
   int k = 0;
   for (int si = 0; si < (int)(sizeof shapes / sizeof *shapes); si++)
