@@ -824,9 +824,16 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    1.61x (1.19x --twice), 16x999x14x14 1.23x, bf16 1x1439x43x52 1.04x; but 8x1221x7x7 (392
    rows, 12 super-rows a thread) 0.94x (0.89x --twice), so from 16 super-rows a thread.  The
    training forward and the backward keep 3072: their apply follows a reduction, and 24576
-   ran NHWC 1x1439x43x52 0.90-0.95x (one run each). */
+   ran NHWC 1x1439x43x52 0.90-0.95x (one run each).
+   The wide super-rows pay only for f32 in the cache (a later session, paired against them):
+   with streaming stores, 3072 ran 32x1221x14x14 2.01x, 8x1439x30x30 2.03x, 16x999x24x24 1.96x
+   as fast (none: 32x728x28x28 0.86x, so 3072 stays), and 16-bit data at 3072 values (1536)
+   ran bf16 16x301x14x14 1.27x, f16 16x700x14x14 1.20x.  In the cache, AVX-512 takes up to
+   65536 values (the three constant arrays 768 KiB, in a 1 MiB L2 or more): 16x1897x10x10
+   1.48x, 16x1537x10x10 1.42x, 8x2049x14x14 1.42x, 2x4095x20x20 1.51x, 4x4095x14x14 1.06x. */
 #define NORM_SR_MAX_C 3072
 #define NORM_SR_MAX_INFER_C 24576
+#define NORM_SR_MAX_INFER_C_AVX512 65536
 static void plan_super_rows(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->srk = 0, jb->sra = 0;
@@ -839,7 +846,9 @@ static void plan_super_rows(norm_job *jb) {
      would leave them (32x40x56x56 inference ran 0.87x as fast) */
   if (row % vbytes == 0 || (isa == NORMA_ISA_AVX512 && g->c <= 128)) return;
   const int64_t k = norm_line_rows(row), vals = k * g->c, per = 4 / (int64_t)g->esize;
-  const int64_t most = jb->nsums || jb->dy ? NORM_SR_MAX_C : NORM_SR_MAX_INFER_C;
+  const int64_t most = jb->nsums || jb->dy || jb->store || per > 1 ? NORM_SR_MAX_C
+                       : isa == NORMA_ISA_AVX512                   ? NORM_SR_MAX_INFER_C_AVX512
+                                                                   : NORM_SR_MAX_INFER_C;
   /* super-rows a thread: 4, or 16 beyond NORM_SR_MAX_C for the repeated constants to pay */
   const int64_t each = vals > NORM_SR_MAX_C / per ? 16 : 4;
   if (vals > most / per || g->m < each * k * (int64_t)jb->nt) return;
@@ -854,7 +863,8 @@ static void plan_super_rows(norm_job *jb) {
     }
 }
 static size_t super_rows_bytes(const norm_job *jb) {
-  return jb->srk ? norm_up64((size_t)C_COUNT * (size_t)(jb->srk * jb->g->c) * sizeof(float)) : 0;
+  const size_t arrays = jb->dy ? C_COUNT : C_SHIFT + 1; /* super_rows_consts' */
+  return jb->srk ? norm_up64(arrays * (size_t)(jb->srk * jb->g->c) * sizeof(float)) : 0;
 }
 /* the unit's kernel constants (every channel) repeated srk times into rep: the forward's
    three (C_MHI, C_SCALE, C_SHIFT), or all of them for the backward */
