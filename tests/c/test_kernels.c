@@ -422,8 +422,9 @@ int main(void) {
   }
   /* f32 inference super-rows of 25616 values (1601 channels), beyond NORM_SR_MAX_INFER_C
      (AVX-512 only): 520 rows, 16 super-rows a thread on two threads; too big for the grid's
-     rotation to be sure to reach f32 channels-last, so on its own; the super-rows need the
-     tensors at one phase of a line (64-byte buffers, misaligned or not all alike) */
+     rotation to be sure to reach f32 channels-last, so on its own; the super-rows need every
+     tensor at the same phase of a line (64-byte buffers, then all misaligned by one value or
+     none) */
   g_align64 = 1;
   for (int mis = 0; mis < 2; mis++) {
     seed++;
