@@ -5,6 +5,8 @@
 #   bash scripts/fuzz.sh [seconds-per-target] [target...]     default: 60 s, every target
 #   NORMA_FUZZ_JOBS=2     run two targets at once (one per core)
 #   NORMA_FUZZ_BUILD=dir  build directory (default build-fuzz)
+#   NORMA_FUZZ_QUICK_BUILD=1  the vector kernels at -O0 (NORMA_FUZZ_KERNELS_O0): the build in
+#                         less than half the time, fewer executions a second (scripts/test.sh)
 #   bash scripts/fuzz.sh --merge [target...]   fold the finds of earlier runs into the seed
 #                                   corpora (tests/fuzz/corpus, minimized with -merge=1)
 #
@@ -26,7 +28,8 @@ JOBS=${NORMA_FUZZ_JOBS:-1}
 # no AVX-512 emulation (ukernels_emu16.c, which only NORMA_EMULATE_AVX512=1 runs): under the
 # fuzz flags it was 470 s of clang, a third of the build
 cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER=clang -DNORMA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DNORMA_BUILD_TOOLS=OFF -DNORMA_BUILD_EXAMPLES=OFF -DNORMA_WITH_AVX512_EMULATION=OFF >/dev/null
+  -DNORMA_BUILD_TOOLS=OFF -DNORMA_BUILD_EXAMPLES=OFF -DNORMA_WITH_AVX512_EMULATION=OFF \
+  -DNORMA_FUZZ_KERNELS_O0="$([ "${NORMA_FUZZ_QUICK_BUILD:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 ALL=$(sed -n '/^set(NORMA_FUZZ_TARGETS/,/)/p; /^set(NORMA_FUZZ_MPI_TARGETS/p' tests/fuzz/CMakeLists.txt |
       tr -d '()' | sed 's/set NORMA_FUZZ_\(MPI_\)\?TARGETS//' | tr ' ' '\n' | grep -v '^$')
 TARGETS=()

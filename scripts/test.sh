@@ -41,7 +41,7 @@ NORMA_TEST_QUICK=1 ctest --test-dir build-clang --output-on-failure -j2
 echo "== fuzz targets, briefly (libFuzzer, clang; scripts/fuzz.sh runs them longer)"
 # 28 targets x 4 s, two at a time: ~95 s here (each takes ~5 s with start-up; 6 s each
 # would be ~2 min)
-NORMA_FUZZ_JOBS=2 bash scripts/fuzz.sh 4
+NORMA_FUZZ_JOBS=2 NORMA_FUZZ_QUICK_BUILD=1 bash scripts/fuzz.sh 4
 
 echo "== Python tests (pytest, against PyTorch)"
 NORMA_LIBRARY="$PWD/build/libnorma.so" /usr/bin/python3 -m pytest tests/python -q -rs
