@@ -55,7 +55,7 @@ static tbuf tb_make(size_t bytes, size_t esize, int misalign) {
     b.base = aligned_alloc(64, sz);
     TU_CHECK(b.base != NULL, "aligned_alloc(%zu)", sz);
     if (!b.base) exit(2);
-    memset(b.base, TU_POISON_BYTE, sz);
+    tu_poison(b.base, sz);
   } else {
     b.base = tu_poisoned(bytes + esize);
   }
