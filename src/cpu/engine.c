@@ -21,6 +21,7 @@
 #endif
 
 #include "engine.h"
+#include "shares.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -579,18 +580,27 @@ static inline void store_fence(const norm_job *jb) {
 
 int norm_thread_id(void) { return omp_get_thread_num(); }
 
-void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
+/* the loop over [0, n) on the job's threads in dynamic shares (shares.h); back: each share's
+   chunks from its end */
+static void parallel_shares(norm_job *jb, int64_t n, norm_range_fn fn, void *arg, int back,
+                            int64_t grain) {
   if (jb->nt <= 1 || n <= 1) {
     fn(jb, 0, n, arg);
     store_fence(jb);
     return;
   }
+  norm_shares sh = {.n = n, .grain = grain, .back = back};
+  (void)norm_shares_begin(&sh, jb->nt, 1);
 #pragma omp parallel num_threads(jb->nt)
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    fn(jb, n * t / nt, n * (t + 1) / nt, arg);
+    norm_shares me = sh;
+    me.nt = omp_get_num_threads(); /* the runtime may give fewer threads than asked */
+    norm_shares_run(&me, omp_get_thread_num(), fn, jb, arg);
     store_fence(jb);
   }
+}
+void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg) {
+  parallel_shares(jb, n, fn, arg, 0, 1);
 }
 
 /* ---- units ------------------------------------------------------------------------------ */
@@ -933,19 +943,30 @@ static void apply_whole_rows(const norm_job *jb, const norm_unit *u, int64_t r0,
 #define NORM_FWD_WALK_MAX_C 128
 #define NORM_BWD_FWD_WALK_MAX_BYTES ((int64_t)64 << 20) /* beyond: f32 rows of up to 4 KiB */
 #define NORM_BWD_FWD_WALK_FAR_ROW 4096
-static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
-  const split_arg *sa = arg;
-  const int64_t base = urow0(jb, sa->u), c = jb->g->c;
-  /* forwards, prefetching ahead (no reduction, narrow rows, the backward's 16-bit rows of
-     16-64 MiB on AVX-512, or its rows a row at a time: jb->one); or forwards without prefetch
-     (the backward's wider f32 rows of 16-64 MiB on AVX-512, and beyond for rows of up to
-     4 KiB) */
+/* how split_apply_rows walks: forwards, prefetching ahead (no reduction, narrow rows, the
+   backward's 16-bit rows of 16-64 MiB on AVX-512, or its rows a row at a time: jb->one);
+   forwards without prefetch (the backward's wider f32 rows of 16-64 MiB on AVX-512, and beyond
+   for rows of up to 4 KiB): 2, 1; backwards: 0 */
+static int rows_walk(const norm_job *jb) {
+  const int64_t c = jb->g->c;
   const int bwd512 = jb->dy && jb->pf && bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512;
   const int mid = jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES;
   const int ahead =
       !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C) || (bwd512 && jb->g->esize == 2 && mid);
   const int far_ok = jb->g->esize == 4 && c * 4 <= NORM_BWD_FWD_WALK_FAR_ROW;
-  if (ahead || (bwd512 && (far_ok || mid))) {
+  return ahead ? 2 : bwd512 && (far_ok || mid) ? 1 : 0;
+}
+/* the fewest rows a chunk of the apply's dynamic shares (shares.h): 64 KiB of x, so that a
+   chunk's rows pay for reading the constants of the row again */
+static int64_t apply_grain(const norm_job *jb) {
+  const int64_t row = jb->g->c * (int64_t)jb->g->esize;
+  return row >= 65536 ? 1 : 65536 / row;
+}
+static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
+  const split_arg *sa = arg;
+  const int64_t base = urow0(jb, sa->u);
+  const int walk = rows_walk(jb), ahead = walk == 2;
+  if (walk) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
       apply_whole_rows(jb, sa->u, base + lo, base + hi, ahead || jb->one ? jb->pf : 0);
@@ -1011,7 +1032,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part, float *rep) {
   if (u->slow && !jb->dy) norm_parallel_for(jb, 1, split_apply_slow, &sa);
   else if (!jb->rows_form)
     norm_parallel_for(jb, (u->i1 - u->i0) * c * cf_chunks(jb), split_apply_cf, &sa);
-  else norm_parallel_for(jb, urows(jb, u), split_apply_rows, &sa);
+  else parallel_shares(jb, urows(jb, u), split_apply_rows, &sa, !rows_walk(jb), apply_grain(jb));
 }
 
 /* The split schedule of BatchNorm in rows form in one parallel region, for tensors in the
@@ -1064,6 +1085,12 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
      of a thread stay the same in both phases, and each segment's partials and each row's
      values are computed as before, so the bits do not change. */
   const int mirror = cb == c && jb->nt > 1 && out_follows_input(jb);
+  /* both loops in dynamic shares (shares.h), thread t owning the t-th share, or with mirror the
+     t-th and the (2 nt - 1 - t)-th of 2 nt */
+  norm_shares sums = {.n = items, .mirror = mirror};
+  norm_shares app = {.n = rows, .grain = apply_grain(jb), .mirror = mirror, .own_rev = 1,
+                     .back = !rows_walk(jb)};
+  if (norm_shares_begin(&sums, jb->nt, 2)) app.ctr = sums.ctr, app.gen = sums.gen + 1;
 #pragma omp parallel num_threads(jb->nt)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -1074,12 +1101,9 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
     if (jt.prepare) jt.prepare(&jt, &u);
     if (jt.dy) lower_x(&jt, &u);
     split_arg sa = {part, &u, nseg, cb};
-    if (mirror) { /* the first and the last share to thread 0 (see out_follows_input) */
-      split_sums_rows(&jt, items * t / (2 * nt), items * (t + 1) / (2 * nt), &sa);
-      split_sums_rows(&jt, items * (2 * nt - 1 - t) / (2 * nt), items * (2 * nt - t) / (2 * nt), &sa);
-    } else {
-      split_sums_rows(&jt, items * t / nt, items * (t + 1) / nt, &sa);
-    }
+    norm_shares ms = sums, ma = app;
+    ms.nt = ma.nt = (int)nt;
+    norm_shares_run(&ms, (int)t, split_sums_rows, &jt, &sa);
 #pragma omp barrier
     combine_row_segments(&jt, &u, part, nseg);
     if (jt.nsums == SUMS_BWD) convert_sums(&jt, &u, (double)((u.i1 - u.i0) * g->s));
@@ -1089,11 +1113,8 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
       super_rows_consts(&jt, &u, (float *)(rmem + (size_t)t * super_rows_bytes(&jt)));
     if (u.slow && !jt.dy) {
       if (t == 0) unit_apply_slow(&jt, &u);
-    } else if (mirror) {
-      split_apply_rows(&jt, rows * (2 * nt - 1 - t) / (2 * nt), rows * (2 * nt - t) / (2 * nt), &sa);
-      split_apply_rows(&jt, rows * t / (2 * nt), rows * (t + 1) / (2 * nt), &sa);
     } else {
-      split_apply_rows(&jt, rows * t / nt, rows * (t + 1) / nt, &sa);
+      norm_shares_run(&ma, (int)t, split_apply_rows, &jt, &sa);
     }
     store_fence(&jt);
   }

@@ -276,8 +276,10 @@ static inline int64_t norm_line_rows(int64_t row_bytes) {
    slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread). */
 void *norm_scratch(int slot, size_t bytes);
 
-/* Runs fn(jb, i0, i1, arg) over [0, n) split into one contiguous range per thread; a single
-   thread calls fn directly (no parallel region).  Streaming stores are fenced per thread. */
+/* Runs fn(jb, i0, i1, arg) over [0, n) in dynamic shares (shares.h): each thread's contiguous
+   share in chunks, the chunks it has not started open to a thread done with its own; a single
+   thread calls fn directly (no parallel region).  fn must give each item the same result
+   whichever thread and range run it.  Streaming stores are fenced per thread. */
 typedef void (*norm_range_fn)(norm_job *jb, int64_t i0, int64_t i1, void *arg);
 void norm_parallel_for(norm_job *jb, int64_t n, norm_range_fn fn, void *arg);
 /* the calling thread's index inside norm_parallel_for (0 outside a parallel region) */
