@@ -47,7 +47,7 @@ static inline int64_t block_rows(int64_t c, size_t esize) {
 
 /* Each thread keeps its scratch between calls: per-call allocation cost more than a small
    BatchNorm itself (measured: a 64-value inference went from 1.0 us to 0.35 us per call). */
-static pthread_key_t scratch_key[2];
+static pthread_key_t scratch_key[3];
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 typedef struct scratch { size_t size; void *mem; } scratch;
 static void scratch_free(void *s) {
@@ -57,9 +57,11 @@ static void scratch_free(void *s) {
 static void scratch_init(void) {
   (void)pthread_key_create(&scratch_key[0], scratch_free);
   (void)pthread_key_create(&scratch_key[1], scratch_free);
+  (void)pthread_key_create(&scratch_key[2], scratch_free);
 }
 
-void *norm_scratch(int slot, size_t bytes) {
+void *norm_scratch_ex(int slot, size_t bytes, int *fresh) {
+  if (fresh) *fresh = 0;
   (void)pthread_once(&scratch_once, scratch_init);
   scratch *s = pthread_getspecific(scratch_key[slot]);
   if (!s) {
@@ -76,9 +78,11 @@ void *norm_scratch(int slot, size_t bytes) {
     free(s->mem);
     s->mem = m;
     s->size = sz;
+    if (fresh) *fresh = 1, memset(m, 0, sz);
   }
   return s->mem;
 }
+void *norm_scratch(int slot, size_t bytes) { return norm_scratch_ex(slot, bytes, NULL); }
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
@@ -739,6 +743,7 @@ typedef struct split_arg {
   double *part;
   norm_unit *u; /* the unit: every channel of its samples */
   int64_t nseg, cb;
+  int walk;     /* the rows apply's walk (rows_walk) */
 } split_arg;
 
 /* channels-first: part[(ch * nseg + seg) * 3 + k]; work items in memory order (sample block,
@@ -965,7 +970,7 @@ static int64_t apply_grain(const norm_job *jb) {
 static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   const split_arg *sa = arg;
   const int64_t base = urow0(jb, sa->u);
-  const int walk = rows_walk(jb), ahead = walk == 2;
+  const int walk = sa->walk, ahead = walk == 2;
   if (walk) {
     for (int64_t lo = r0; lo < r1; lo += NORM_CL_SEG_ROWS) {
       const int64_t hi = r1 - lo < NORM_CL_SEG_ROWS ? r1 : lo + NORM_CL_SEG_ROWS;
@@ -1007,7 +1012,8 @@ static void combine_cf(norm_job *jb, int64_t ch0, int64_t ch1, void *arg) {
 static void run_split(norm_job *jb, norm_unit *u, double *part, float *rep) {
   const norm_geom *g = jb->g;
   const int64_t c = g->c, nseg = nsegments(jb, u);
-  split_arg sa = {part, u, nseg, jb->rows_form ? split_cblock(jb, u) : c};
+  split_arg sa = {part, u, nseg, jb->rows_form ? split_cblock(jb, u) : c,
+                  jb->rows_form ? rows_walk(jb) : 0};
   u->slow = 0;
   if (jb->prepare) jb->prepare(jb, u);
   if (jb->dy) lower_x(jb, u);
@@ -1032,7 +1038,7 @@ static void run_split(norm_job *jb, norm_unit *u, double *part, float *rep) {
   if (u->slow && !jb->dy) norm_parallel_for(jb, 1, split_apply_slow, &sa);
   else if (!jb->rows_form)
     norm_parallel_for(jb, (u->i1 - u->i0) * c * cf_chunks(jb), split_apply_cf, &sa);
-  else parallel_shares(jb, urows(jb, u), split_apply_rows, &sa, !rows_walk(jb), apply_grain(jb));
+  else parallel_shares(jb, urows(jb, u), split_apply_rows, &sa, !sa.walk, apply_grain(jb));
 }
 
 /* The split schedule of BatchNorm in rows form in one parallel region, for tensors in the
@@ -1084,12 +1090,12 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
      128 bytes past x, 0.023-0.024 ms against 0.030-0.031 ms (contiguous shares); the shares
      of a thread stay the same in both phases, and each segment's partials and each row's
      values are computed as before, so the bits do not change. */
-  const int mirror = cb == c && jb->nt > 1 && out_follows_input(jb);
+  const int mirror = cb == c && jb->nt > 1 && out_follows_input(jb), walk = rows_walk(jb);
   /* both loops in dynamic shares (shares.h), thread t owning the t-th share, or with mirror the
      t-th and the (2 nt - 1 - t)-th of 2 nt */
   norm_shares sums = {.n = items, .mirror = mirror};
   norm_shares app = {.n = rows, .grain = apply_grain(jb), .mirror = mirror, .own_rev = 1,
-                     .back = !rows_walk(jb)};
+                     .back = !walk};
   if (norm_shares_begin(&sums, jb->nt, 2)) app.ctr = sums.ctr, app.gen = sums.gen + 1;
 #pragma omp parallel num_threads(jb->nt)
   {
@@ -1100,7 +1106,7 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
     unit_arrays(&jt, &u, umem + (size_t)t * ub, c);
     if (jt.prepare) jt.prepare(&jt, &u);
     if (jt.dy) lower_x(&jt, &u);
-    split_arg sa = {part, &u, nseg, cb};
+    split_arg sa = {part, &u, nseg, cb, walk};
     norm_shares ms = sums, ma = app;
     ms.nt = ma.nt = (int)nt;
     norm_shares_run(&ms, (int)t, split_sums_rows, &jt, &sa);

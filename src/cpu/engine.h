@@ -273,8 +273,14 @@ static inline int64_t norm_line_rows(int64_t row_bytes) {
 }
 
 /* Per-thread scratch kept between calls (grown, never shrunk): slot 0 for what a call owns,
-   slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread). */
+   slot 1 for what a unit owns inside a parallel region (thread 0 is the calling thread), slot 2
+   for the dynamic shares (NORM_SCRATCH_SHARES). */
 void *norm_scratch(int slot, size_t bytes);
+/* the same, and where fresh is given: *fresh says whether this call (re)allocated the memory,
+   which it then zeroed (all of it, past `bytes` too).  Slot 2 holds the dynamic shares'
+   counters (shares.c). */
+void *norm_scratch_ex(int slot, size_t bytes, int *fresh);
+#define NORM_SCRATCH_SHARES 2
 
 /* Runs fn(jb, i0, i1, arg) over [0, n) in dynamic shares (shares.h): each thread's contiguous
    share in chunks, the chunks it has not started open to a thread done with its own; a single

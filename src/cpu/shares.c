@@ -1,63 +1,39 @@
 /* shares.c - dynamic shares of a parallel loop (shares.h) */
 #include "shares.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The calling thread's counters, kept between calls like its scratch (engine.c): a loop's
-   generation tells its claims from those of the loops before, so nothing is reset. */
-typedef struct share_tls {
-  norm_share_ctr *ctr;
-  int cap;       /* counters */
-  uint64_t gen;  /* the last generation handed out (its low 32 bits in the counters) */
-} share_tls;
+#include "engine.h"
 
-static pthread_key_t share_key;
-static pthread_once_t share_once = PTHREAD_ONCE_INIT;
-static void share_free(void *p) {
-  share_tls *s = p;
-  if (s) free(s->ctr);
-  free(s);
-}
-static void share_init(void) { (void)pthread_key_create(&share_key, share_free); }
-
-static share_tls *share_state(int need) {
-  (void)pthread_once(&share_once, share_init);
-  share_tls *s = pthread_getspecific(share_key);
-  if (!s) {
-    s = calloc(1, sizeof *s);
-    if (!s || pthread_setspecific(share_key, s) != 0) {
-      free(s);
-      return NULL;
-    }
-  }
-  if (s->cap < need) {
-    /* new counters start at generation 0, which no loop uses: unclaimed */
-    norm_share_ctr *c = aligned_alloc(64, (size_t)need * sizeof *c);
-    if (!c) return NULL;
-    memset(c, 0, (size_t)need * sizeof *c);
-    free(s->ctr);
-    s->ctr = c, s->cap = need;
-  }
-  return s;
-}
+/* The calling thread's counters live in its scratch slot NORM_SCRATCH_SHARES, kept between
+   calls: a header line with the last generation handed out (its low 32 bits in the counters),
+   then one line a counter.  A loop's generation tells its claims from those of the loops
+   before, so nothing is reset; new scratch comes zeroed, and generation 0 is never used. */
+typedef struct share_head {
+  uint64_t gen;
+  char pad[64 - sizeof(uint64_t)];
+} share_head;
 
 int norm_shares_begin(norm_shares *s, int nt, int loops) {
-  share_tls *st = share_state(2 * nt);
+  const size_t cap = 2 * (size_t)nt, bytes = sizeof(share_head) + cap * sizeof(norm_share_ctr);
+  int fresh; /* new scratch comes zeroed (norm_scratch_ex) */
+  char *m = norm_scratch_ex(NORM_SCRATCH_SHARES, bytes, &fresh);
   s->nt = nt;
   s->ctr = NULL;
   s->gen = 0;
-  if (!st) return 0;
-  if ((st->gen + (uint64_t)loops) >> 32 != st->gen >> 32) {
+  if (!m) return 0;
+  share_head *h = (share_head *)m;
+  norm_share_ctr *ctr = (norm_share_ctr *)(m + sizeof(share_head));
+  if ((h->gen + (uint64_t)loops) >> 32 != h->gen >> 32) {
     /* the counters hold 32 bits of the generation: where those wrap, clear every counter, so
        that no stale one can match */
-    memset(st->ctr, 0, (size_t)st->cap * sizeof *st->ctr);
-    st->gen = (st->gen + (uint64_t)loops) >> 32 << 32;
+    memset(ctr, 0, cap * sizeof *ctr);
+    h->gen = (h->gen + (uint64_t)loops) >> 32 << 32;
   }
-  s->ctr = st->ctr;
-  s->gen = st->gen + 1;
-  st->gen += (uint64_t)loops;
+  s->ctr = ctr;
+  s->gen = h->gen + 1;
+  h->gen += (uint64_t)loops;
   return 1;
 }
 
