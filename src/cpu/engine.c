@@ -831,24 +831,21 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    bytes), the tensors share one alignment, a super-row has at most NORM_SR_MAX_C values (half
    that for 16-bit data, whose constants are twice their bytes: bf16 20x728x19x19, 2912 values
    a super-row, ran its inference 0.78x as fast), and the threads get at least 4 super-rows
-   each.  Inference (the forward's apply alone, three constants) takes super-rows of up to
-   NORM_SR_MAX_INFER_C values: rows of 1221-1439 f32 channels, which need 16 rows a super-row,
-   ran 1.6-2x as long as rows of 1440 (inference NHWC 1x1439x43x52 0.45 against 0.23 ms;
-   0.86x of PyTorch).  Paired against 3072 (pair.py, 6 rounds): 1x1439x43x52 1.05-1.44x (1.65x
-   of PyTorch), 1x1436x43x52 1.35-1.52x, 4x1221x26x26 1.07x, 1x571x74x74 1.21x, 2x1439x20x20
-   1.61x (1.19x --twice), 16x999x14x14 1.23x, bf16 1x1439x43x52 1.04x; but 8x1221x7x7 (392
-   rows, 12 super-rows a thread) 0.94x (0.89x --twice), so from 16 super-rows a thread.  The
-   training forward and the backward keep 3072: their apply follows a reduction, and 24576
-   ran NHWC 1x1439x43x52 0.90-0.95x (one run each).
-   The wide super-rows pay only for f32 in the cache (a later session, paired against them):
-   with streaming stores, 3072 ran 32x1221x14x14 2.01x, 8x1439x30x30 2.03x, 16x999x24x24 1.96x
-   as fast (none: 32x728x28x28 0.86x, so 3072 stays), and 16-bit data at 3072 values (1536)
-   ran bf16 16x301x14x14 1.27x, f16 16x700x14x14 1.20x.  In the cache, AVX-512 takes up to
-   65536 values (the three constant arrays 768 KiB, in a 1 MiB L2 or more): 16x1897x10x10
-   1.48x, 16x1537x10x10 1.42x, 8x2049x14x14 1.42x, 2x4095x20x20 1.51x, 4x4095x14x14 1.06x. */
+   each.
+   Inference took wider super-rows until the thirty-third session (up to 65536 values on
+   AVX-512, 24576 on AVX2, 16 rows a super-row for 643-1439 channels; they had run 1.05-1.6x
+   faster than rows whose vectors straddled lines).  Their repeated constants (3 * 16 * c
+   floats) were copied on one thread before the apply and read from L2.  The forward's row
+   kernel now aligns each row's stores itself (ukernels_vec.inc, fwd_rows_range: the values up
+   to the line, then whole aligned vectors, AVX-512's constants put together from whole
+   blocks), and against the wide super-rows it ran (Zen 5, 2 threads, f32, pair.py, 4 rounds)
+   inference NHWC 1x643x26x26 2.02x (as fast as 640 channels), 1x1259x26x26 1.96x,
+   16x999x14x14 1.52x, 4x1221x26x26 1.51x, 8x1221x7x7 1.35x, bf16 16x999x14x14 1.19x, and
+   AVX2 1.3-1.7x in the caches.  The super-rows of up to NORM_SR_MAX_C values stay: without
+   them the training forward of 728 channels (two rows a super-row) ran 0.91-0.96x
+   (32x728x28x28, 20x728x19x19), and the backward's apply has no aligned row kernel
+   (32x728x28x28 7.4 against 8.8 ms). */
 #define NORM_SR_MAX_C 3072
-#define NORM_SR_MAX_INFER_C 24576
-#define NORM_SR_MAX_INFER_C_AVX512 65536
 static void plan_super_rows(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->srk = 0, jb->sra = 0;
@@ -861,12 +858,7 @@ static void plan_super_rows(norm_job *jb) {
      would leave them (32x40x56x56 inference ran 0.87x as fast) */
   if (row % vbytes == 0 || (isa == NORMA_ISA_AVX512 && g->c <= 128)) return;
   const int64_t k = norm_line_rows(row), vals = k * g->c, per = 4 / (int64_t)g->esize;
-  const int64_t most = jb->nsums || jb->dy || jb->store || per > 1 ? NORM_SR_MAX_C
-                       : isa == NORMA_ISA_AVX512                   ? NORM_SR_MAX_INFER_C_AVX512
-                                                                   : NORM_SR_MAX_INFER_C;
-  /* super-rows a thread: 4, or 16 beyond NORM_SR_MAX_C for the repeated constants to pay */
-  const int64_t each = vals > NORM_SR_MAX_C / per ? 16 : 4;
-  if (vals > most / per || g->m < each * k * (int64_t)jb->nt) return;
+  if (vals > NORM_SR_MAX_C / per || g->m < 4 * k * (int64_t)jb->nt) return;
   const uintptr_t ph = (uintptr_t)jb->out % 64;
   const void *in[] = {jb->x, jb->res, jb->y, jb->dy, jb->dres};
   for (int i = 0; i < 5; i++)

@@ -199,6 +199,11 @@ VAI void vst_nt_al(void *p, int64_t i, vf v, const int dt) {
   if (dt == S_F32) _mm512_stream_ps((float *)p + i, v);
   else _mm256_stream_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
 }
+VAI void vst_al(void *p, int64_t i, vf v, const int dt, const int nt) {
+  if (nt) vst_nt_al(p, i, v, dt);
+  else if (dt == S_F32) _mm512_store_ps((float *)p + i, v);
+  else _mm256_store_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
+}
 /* whether constants at a, b, c take the blocks: one of them off a block, all on floats */
 VAI int vrot_use(const float *a, const float *b, const float *c) {
   const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b, z = (uintptr_t)c;
