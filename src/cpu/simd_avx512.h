@@ -199,6 +199,7 @@ VAI void vst_nt_al(void *p, int64_t i, vf v, const int dt) {
   if (dt == S_F32) _mm512_stream_ps((float *)p + i, v);
   else _mm256_stream_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
 }
+/* a store to p + i, known to be on its alignment: streaming when nt */
 VAI void vst_al(void *p, int64_t i, vf v, const int dt, const int nt) {
   if (nt) vst_nt_al(p, i, v, dt);
   else if (dt == S_F32) _mm512_store_ps((float *)p + i, v);
