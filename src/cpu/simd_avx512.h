@@ -193,17 +193,12 @@ VAI vf vld_wrap(const float *k, int64_t n, int t) {
   const __mmask16 lo = vmask_first(t);
   return _mm512_mask_expandloadu_ps(_mm512_maskz_loadu_ps(lo, k + n - t), (__mmask16)~lo, k);
 }
-/* a streaming store to p + i, known to be on its alignment (64 bytes for f32, 32 for 16-bit
-   values: vto_boundary) */
-VAI void vst_nt_al(void *p, int64_t i, vf v, const int dt) {
-  if (dt == S_F32) _mm512_stream_ps((float *)p + i, v);
-  else _mm256_stream_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
-}
-/* a store to p + i, known to be on its alignment: streaming when nt */
+/* a store to p + i, known to be on its alignment (64 bytes for f32, 32 for 16-bit values:
+   vto_boundary): streaming when nt, else vst's */
 VAI void vst_al(void *p, int64_t i, vf v, const int dt, const int nt) {
-  if (nt) vst_nt_al(p, i, v, dt);
-  else if (dt == S_F32) _mm512_store_ps((float *)p + i, v);
-  else _mm256_store_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
+  if (!nt) vst(p, i, v, dt);
+  else if (dt == S_F32) _mm512_stream_ps((float *)p + i, v);
+  else _mm256_stream_si256((__m256i *)((uint16_t *)p + i), v_narrow(v, dt));
 }
 /* whether constants at a, b, c take the blocks: one of them off a block, all on floats */
 VAI int vrot_use(const float *a, const float *b, const float *c) {
