@@ -457,7 +457,11 @@ int main(void) {
                                       /* rows of 2 KiB and more that end inside a line: each
                                          row's streaming stores start where they are aligned,
                                          its constants (AVX-512) from whole 64-byte blocks */
-                                      {2, 1106, 9}, {1, 1115, 7}, {2, 1041, 3}};
+                                      {2, 1106, 9}, {1, 1115, 7}, {2, 1041, 3},
+                                      /* and enough of them for the backward's fours of rows
+                                         that start on one offset (4 P rows, P = 16, 4, 2),
+                                         in blocks of whole groups */
+                                      {2, 999, 100}, {4, 1004, 40}, {3, 1000, 11}};
     TU_CHECK(norma_set_streaming_stores(1, INT64_MAX) == NORMA_OK, "set_streaming_stores");
     for (size_t i = 0; i < sizeof nt_shapes / sizeof nt_shapes[0]; i++)
       for (int k = 0; k < 8; k++) {

@@ -14,7 +14,8 @@
  * the whole rows, bit for bit, at every width.  Likewise the backward's
  * apply (bwd_rows, dx and dresidual), which walks a row at a time in address order under the
  * flag, and with streaming stores a row at a time under BN_ROWS_ONE (rows by fours without
- * it on AVX-512); and the
+ * it on AVX-512), and with streaming stores against ordinary ones on rows that end inside a
+ * line (every row's stores on the line); and the
  * channels-first statistics of consecutive runs (stats_runs) against one run at a time, and
  * those of consecutive channels (stats_chans) against one channel at a time, on every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
  */
@@ -122,20 +123,23 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
 }
 
 /* the backward's apply (bwd_rows): dx and dresidual, with the flags `base` and with `base |
-   flag`, bit for bit, every activation; the buffers 64-byte aligned for streaming stores */
-static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype dt,
-                             const int64_t *widths, size_t nw, int base, int flag, uint64_t seed,
+   flag`, bit for bit, every activation; the buffers 64-byte aligned for streaming stores, or
+   every tensor `off` values past that; nc = c - narrow of the rows' c channels (narrow > 0:
+   the first channels of each row, as the engine's channel blocks, the others untouched) */
+static void check_apply_rows(const char *isa, const bn_ukernels *uk, norma_dtype dt,
+                             const int64_t *widths, size_t nw, const int64_t *rowss, size_t nr,
+                             int base, int flag, int64_t off, int64_t narrow, uint64_t seed,
                              const char *what) {
-  static const int64_t rowss[] = {1, 3, 4, 5, 9, 64, 67};
   static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
   if (!uk || !uk->bwd_rows) return;
   const size_t es = tu_esize(dt);
   tu_rng r = tu_rng_make(seed);
   for (size_t wi = 0; wi < nw; wi++)
-    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
-      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
-      const size_t tb = ((size_t)n * es + 63) / 64 * 64;
-      void *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb), *o[4];
+    for (size_t ri = 0; ri < nr; ri++) {
+      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c + off;
+      const int64_t nc = narrow > 0 && narrow < c ? c - narrow : c;
+      const size_t tb = ((size_t)n * es + 63) / 64 * 64, ob = (size_t)off * es;
+      char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb), *o[4];
       for (int k = 0; k < 4; k++) o[k] = aligned_alloc(64, tb);
       float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
       tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
@@ -148,15 +152,23 @@ static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
         const int act = acts[ai] | base;
         for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
-        uk->bwd_rows(x, y, dy, o[0], o[1], rows, c, c, cst, c, act);
-        uk->bwd_rows(x, y, dy, o[2], o[3], rows, c, c, cst, c, act | flag);
+        uk->bwd_rows(x + ob, y + ob, dy + ob, o[0] + ob, o[1] + ob, rows, c, nc, cst, c, act);
+        uk->bwd_rows(x + ob, y + ob, dy + ob, o[2] + ob, o[3] + ob, rows, c, nc, cst, c, act | flag);
         TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
-                 "%s dtype %d act %d: the apply of %lld rows of %lld channels differs %s", isa,
-                 (int)dt, acts[ai], (long long)rows, (long long)c, what);
+                 "%s dtype %d act %d: the apply of %lld rows of %lld of %lld channels (%lld "
+                 "values off the line) differs %s", isa, (int)dt, acts[ai], (long long)rows,
+                 (long long)nc, (long long)c, (long long)off, what);
       }
       free(x), free(y), free(dy), free(cst);
       for (int k = 0; k < 4; k++) free(o[k]);
     }
+}
+static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype dt,
+                             const int64_t *widths, size_t nw, int base, int flag, uint64_t seed,
+                             const char *what) {
+  static const int64_t rowss[] = {1, 3, 4, 5, 9, 64, 67};
+  check_apply_rows(isa, uk, dt, widths, nw, rowss, sizeof rowss / sizeof rowss[0], base, flag,
+                   0, 0, seed, what);
 }
 
 /* the apply a row at a time in address order (BN_ROWS_SEQ) against the strips / rows by
@@ -170,6 +182,26 @@ static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
   check_apply_flag(isa, uk, dt, one_widths, sizeof one_widths / sizeof one_widths[0],
                    BN_PF_AHEAD | BN_STORE_NT, BN_ROWS_ONE, 83,
                    "with streaming stores a row at a time (BN_ROWS_ONE)");
+  /* streaming stores against ordinary ones on rows that end inside a line (AVX-512: by fours
+     of rows that start on one offset, 4 P rows a group, P = 2 .. 16; the line across each
+     row boundary one vector), rows a multiple of the vectors on a tensor off the line, the
+     first channels of the rows only, and with the prefetch and far beyond the caches (a row
+     at a time on the line) */
+  static const int64_t nt_widths[] = {33, 40, 100, 643, 999, 1000, 1004, 1106};
+  static const int64_t nt_rows[] = {1, 3, 4, 5, 9, 17, 64, 67, 130};
+  static const int64_t off_widths[] = {64, 512, 999};
+  const size_t nw = sizeof nt_widths / sizeof nt_widths[0], nr = sizeof nt_rows / sizeof nt_rows[0];
+  const size_t no = sizeof off_widths / sizeof off_widths[0];
+  check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, 0, BN_STORE_NT, 0, 0, 87,
+                   "with streaming stores");
+  check_apply_rows(isa, uk, dt, off_widths, no, nt_rows, nr, 0, BN_STORE_NT, 3, 0, 89,
+                   "with streaming stores");
+  check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, 0, BN_STORE_NT, 0, 7, 91,
+                   "with streaming stores");
+  check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, BN_PF_AHEAD, BN_STORE_NT, 0, 0, 93,
+                   "with streaming stores and the prefetch");
+  check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, BN_PF_AHEAD | BN_ROWS_SEQ,
+                   BN_STORE_NT, 0, 0, 95, "with streaming stores far beyond the caches");
 }
 
 /* the channels-first statistics of a sample's consecutive channels (stats_runs, whose vector
