@@ -974,7 +974,7 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   if (jb->srk) blk = (blk + jb->srk - 1) / jb->srk * jb->srk;
   /* the backward's rows that end inside a line go by fours of rows that start on one offset
      in a line, 4 P rows a group (ukernels_vec.inc, bwd_rows_phased): whole groups a block */
-  if (jb->dy && jb->store && !jb->srk && jb->g->c % 16 != 0 &&
+  if (jb->dy && !jb->srk && jb->g->c % 16 != 0 &&
       bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512) {
     int64_t p = 1;
     while ((p * jb->g->c) % 16) p *= 2;

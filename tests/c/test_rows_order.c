@@ -202,6 +202,11 @@ static void check_apply(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
                    "with streaming stores and the prefetch");
   check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, BN_PF_AHEAD | BN_ROWS_SEQ,
                    BN_STORE_NT, 0, 0, 95, "with streaming stores far beyond the caches");
+  /* and with ordinary stores (AVX-512: the same fours of rows) against a row at a time */
+  check_apply_rows(isa, uk, dt, nt_widths, nw, nt_rows, nr, 0, BN_ROWS_ONE, 0, 0, 97,
+                   "a row at a time (BN_ROWS_ONE)");
+  check_apply_rows(isa, uk, dt, off_widths, no, nt_rows, nr, 0, BN_ROWS_ONE, 3, 0, 99,
+                   "a row at a time (BN_ROWS_ONE)");
 }
 
 /* the channels-first statistics of a sample's consecutive channels (stats_runs, whose vector
