@@ -843,8 +843,8 @@ static void split_apply_cf(norm_job *jb, int64_t i0, int64_t i1, void *arg) {
    16x999x14x14 1.52x, 4x1221x26x26 1.51x, 8x1221x7x7 1.35x, bf16 16x999x14x14 1.19x, and
    AVX2 1.3-1.7x in the caches.  The super-rows of up to NORM_SR_MAX_C values stay: without
    them the training forward of 728 channels (two rows a super-row) ran 0.91-0.96x
-   (32x728x28x28, 20x728x19x19), and the backward's apply has no aligned row kernel
-   (32x728x28x28 7.4 against 8.8 ms). */
+   (32x728x28x28, 20x728x19x19), and the backward's apply, which had no aligned row kernel
+   then, ran 32x728x28x28 in 7.4 against 8.8 ms (not measured against bwd_rows_phased). */
 #define NORM_SR_MAX_C 3072
 static void plan_super_rows(norm_job *jb) {
   const norm_geom *g = jb->g;
