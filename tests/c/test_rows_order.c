@@ -171,6 +171,46 @@ static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype
                    0, 0, seed, what);
 }
 
+/* the apply in place (dx == dy, as the API allows) against out of place, bit for bit: the
+   line across a row boundary writes the next row's first values before that row is reached,
+   which must then not read them again; with and without streaming stores */
+static void check_apply_inplace(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t widths[] = {33, 100, 643, 999, 1000, 1004};
+  static const int64_t rowss[] = {1, 5, 17, 64, 67, 130};
+  static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_SILU};
+  static const int flags[] = {0, BN_STORE_NT, BN_STORE_NT | BN_PF_AHEAD};
+  if (!uk || !uk->bwd_rows) return;
+  const size_t es = tu_esize(dt);
+  tu_rng r = tu_rng_make(101);
+  for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
+      const size_t tb = ((size_t)n * es + 63) / 64 * 64;
+      char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb);
+      char *o = aligned_alloc(64, tb), *d = aligned_alloc(64, tb);
+      float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
+      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
+      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
+      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
+      for (int64_t j = 0; j < c; j++) {
+        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
+        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
+      }
+      for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
+        for (size_t fi = 0; fi < sizeof flags / sizeof flags[0]; fi++) {
+          const int act = acts[ai] | flags[fi];
+          memset(o, 0, tb);
+          memcpy(d, dy, tb);
+          uk->bwd_rows(x, y, dy, o, NULL, rows, c, c, cst, c, act);
+          uk->bwd_rows(x, y, d, d, NULL, rows, c, c, cst, c, act);
+          TU_CHECK(memcmp(o, d, (size_t)n * es) == 0,
+                   "%s dtype %d act %d flags %d: the apply of %lld rows of %lld channels in place "
+                   "differs", isa, (int)dt, acts[ai], flags[fi], (long long)rows, (long long)c);
+        }
+      free(x), free(y), free(dy), free(o), free(d), free(cst);
+    }
+}
+
 /* the apply a row at a time in address order (BN_ROWS_SEQ) against the strips / rows by
    fours, and with streaming stores a row at a time (BN_ROWS_ONE, with its prefetch) against
    rows by fours: rows of whole lines there */
@@ -295,6 +335,7 @@ static void check_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
+  check_apply_inplace(isa, uk, dt);
   check_runs(isa, uk, dt);
   check_chans(isa, uk, dt);
 }
