@@ -973,12 +973,12 @@ static void split_apply_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
   int64_t blk = norm_rev_block_rows(jb);
   if (jb->srk) blk = (blk + jb->srk - 1) / jb->srk * jb->srk;
   /* the backward's rows that end inside a line go by fours of rows that start on one offset
-     in a line, 4 P rows a group (ukernels_vec.inc, bwd_rows_phased): whole groups a block */
+     in a line, 4 P rows a group (ukernels_vec.inc, bwd_rows_phased): whole groups a block
+     (P divides the rows that make whole lines) */
   if (jb->dy && !jb->srk && jb->g->c % 16 != 0 &&
       bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512) {
-    int64_t p = 1;
-    while ((p * jb->g->c) % 16) p *= 2;
-    blk = (blk + 4 * p - 1) / (4 * p) * (4 * p);
+    const int64_t q = 4 * norm_line_rows(jb->g->c * (int64_t)jb->g->esize);
+    blk = (blk + q - 1) / q * q;
   }
   for (int64_t hi = r1; hi > r0;) {
     const int64_t lo = hi - blk > r0 ? hi - blk : r0;

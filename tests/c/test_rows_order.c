@@ -122,6 +122,19 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
     }
 }
 
+/* the inputs of the backward's apply: x, y, dy (n values each) and the constants of c
+   channels (C_XS a power of two, as the engine's lowering makes it) */
+static void apply_inputs(norma_dtype dt, tu_rng *r, int64_t n, int64_t c, void *x, void *y,
+                         void *dy, float *cst) {
+  tu_fill_uniform(dt, x, n, r, -3.0, 3.0);
+  tu_fill_uniform(dt, y, n, r, -1.0, 1.0);
+  tu_fill_uniform(dt, dy, n, r, -1.0, 1.0);
+  for (int64_t j = 0; j < c; j++) {
+    cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
+    for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(r, -1.5, 1.5);
+  }
+}
+
 /* the backward's apply (bwd_rows): dx and dresidual, with the flags `base` and with `base |
    flag`, bit for bit, every activation; the buffers 64-byte aligned for streaming stores, or
    every tensor `off` values past that; nc = c - narrow of the rows' c channels (narrow > 0:
@@ -142,13 +155,7 @@ static void check_apply_rows(const char *isa, const bn_ukernels *uk, norma_dtype
       char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb), *o[4];
       for (int k = 0; k < 4; k++) o[k] = aligned_alloc(64, tb);
       float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
-      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
-      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
-      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
-      for (int64_t j = 0; j < c; j++) {
-        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
-        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
-      }
+      apply_inputs(dt, &r, n, c, x, y, dy, cst);
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
         const int act = acts[ai] | base;
         for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
@@ -173,7 +180,9 @@ static void check_apply_flag(const char *isa, const bn_ukernels *uk, norma_dtype
 
 /* the apply in place (dx == dy, as the API allows) against out of place, bit for bit: the
    line across a row boundary writes the next row's first values before that row is reached,
-   which must then not read them again; with and without streaming stores */
+   which must then not read them again; with and without streaming stores, on the line and
+   3 values off it (where the rows after whole groups of rows on one offset begin inside a
+   line too) */
 static void check_apply_inplace(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   static const int64_t widths[] = {33, 100, 643, 999, 1000, 1004};
   static const int64_t rowss[] = {1, 5, 17, 64, 67, 130};
@@ -182,30 +191,26 @@ static void check_apply_inplace(const char *isa, const bn_ukernels *uk, norma_dt
   if (!uk || !uk->bwd_rows) return;
   const size_t es = tu_esize(dt);
   tu_rng r = tu_rng_make(101);
+  for (int64_t off = 0; off <= 3; off += 3)
   for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
     for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
-      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c;
-      const size_t tb = ((size_t)n * es + 63) / 64 * 64;
+      const int64_t c = widths[wi], rows = rowss[ri], n = rows * c + off;
+      const size_t tb = ((size_t)n * es + 63) / 64 * 64, ob = (size_t)off * es;
       char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb);
       char *o = aligned_alloc(64, tb), *d = aligned_alloc(64, tb);
       float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
-      tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
-      tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
-      tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
-      for (int64_t j = 0; j < c; j++) {
-        cst[C_XS * c + j] = (j % 3) ? 0.5f : 2.0f;
-        for (int q = 1; q < C_COUNT; q++) cst[q * c + j] = (float)tu_uniform(&r, -1.5, 1.5);
-      }
+      apply_inputs(dt, &r, n, c, x, y, dy, cst);
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
         for (size_t fi = 0; fi < sizeof flags / sizeof flags[0]; fi++) {
           const int act = acts[ai] | flags[fi];
           memset(o, 0, tb);
           memcpy(d, dy, tb);
-          uk->bwd_rows(x, y, dy, o, NULL, rows, c, c, cst, c, act);
-          uk->bwd_rows(x, y, d, d, NULL, rows, c, c, cst, c, act);
-          TU_CHECK(memcmp(o, d, (size_t)n * es) == 0,
-                   "%s dtype %d act %d flags %d: the apply of %lld rows of %lld channels in place "
-                   "differs", isa, (int)dt, acts[ai], flags[fi], (long long)rows, (long long)c);
+          uk->bwd_rows(x + ob, y + ob, dy + ob, o + ob, NULL, rows, c, c, cst, c, act);
+          uk->bwd_rows(x + ob, y + ob, d + ob, d + ob, NULL, rows, c, c, cst, c, act);
+          TU_CHECK(memcmp(o + ob, d + ob, (size_t)(n - off) * es) == 0,
+                   "%s dtype %d act %d flags %d: the apply of %lld rows of %lld channels (%lld "
+                   "values off the line) in place differs", isa, (int)dt, acts[ai], flags[fi],
+                   (long long)rows, (long long)c, (long long)off);
         }
       free(x), free(y), free(dy), free(o), free(d), free(cst);
     }
