@@ -1146,13 +1146,13 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
   const long long v = atoll(e);
   return v > 0 ? (int64_t)v : dflt;
 }
-int norm_nt_store(int64_t bytes, int64_t footprint) {
+int norm_nt_store(int64_t bytes, int64_t footprint, int64_t floor) {
   static int64_t env = 0; /* NORMA_NT_MIN_BYTES, or -1 */
   if (!env) env = env_bytes("NORMA_NT_MIN_BYTES", -1);
   int64_t lo, hi;
   norma__streaming_range(&lo, &hi);
   if (lo < 0 && env < 0) /* the default */
-    return bytes >= ((int64_t)8 << 20) && bytes <= hi && footprint > NORM_NT_FOOTPRINT;
+    return bytes >= floor / 4 && bytes <= hi && footprint > floor;
   return bytes >= (lo < 0 ? env : lo) && bytes <= hi;
 }
 
@@ -1469,7 +1469,7 @@ void norm_plan_job(norm_job *jb) {
                                               norm_nt_runs(g->c * (int64_t)g->esize)
                                         : g->s * (int64_t)g->esize >= 2048;
   jb->store =
-      whole_lines && norm_bn_nt_store(g, jb->nsums == SUMS_BWD || jb->dy != NULL) ? BN_STORE_NT : 0;
+      whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   const int64_t bytes = g->total * (int64_t)g->esize;
   jb->pf = bytes > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;

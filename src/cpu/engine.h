@@ -167,22 +167,52 @@ int64_t norm_unit_budget(void);
 /* Whether an output of `bytes` bytes is written around the cache (non-temporal stores) in a
    call whose tensors (those it reads and those it writes) total `footprint` bytes.  Within the
    range norma_set_streaming_stores set; its minimum, or NORMA_NT_MIN_BYTES (a tuning knob,
-   docs/performance.md), decides alone when given; by default an output of at least 8 MiB in a
-   call whose footprint exceeds NORM_NT_FOOTPRINT.  Below that the caches hold the tensors from
-   call to call, and an output written through them is found there the next time: measured
-   (Zen 5, 2 threads, f32, A/B pairs, streamed / through the cache) forward NCHW 8x32x112x112
-   (12.8 MB: 25.6 MB read and written) 1.44x slower streamed, inference 16x64x56x56 1.7x; its
-   backward (38.4 MB) 0.90x, so the backward keeps them. */
+   docs/performance.md), decides alone when given; by default an output of at least a quarter
+   of `floor` in a call whose footprint exceeds `floor` (NORM_NT_FOOTPRINT, or for the
+   training ops NORM_NT_FOOTPRINT_TRAIN).  Below that the caches hold the tensors from call to
+   call, and an output written through them is found there the next time: measured (Zen 5,
+   2 threads, f32, A/B pairs, streamed / through the cache) forward NCHW 8x32x112x112
+   (12.8 MB: 25.6 MB read and written) 1.44x slower streamed, inference 16x64x56x56 1.7x. */
 #define NORM_NT_FOOTPRINT ((int64_t)32 << 20)
-int norm_nt_store(int64_t bytes, int64_t footprint);
+/* The backward (three tensors and more), and the training forward of channels-last rows of
+   at least NORM_NT_WIDE_ROW bytes, stream from a footprint of 16 MiB: on the 2-vCPU machines
+   the share of the LLC the two threads keep against their neighbours is often well under
+   32 MiB, and these calls then took their outputs' lines from memory before writing them.
+   Measured in one sitting (Zen 5, 2 threads, pair.py --twice, 5-6 rounds, streamed against
+   through the cache): backward NHWC f32 32x1024x7x7 (19.3 MB) 1.50x, 24x2048x7x7 1.57x,
+   16x2048x7x7 1.22x, 32x256x14x14 1.45x (and 0.83x minutes later, in a quiet phase: 0.37
+   against 0.31 ms, both faster than oneDNN's 0.54), bf16 32x2048x7x7 1.54x; below 16 MiB
+   even or slower (12x2048x7x7 1.04x, add + ReLU 16x1024x7x7 0.98x, 32x512x7x7 0.72x).
+   Training forward NHWC f32 32x2048x7x7 (25.7 MB) 1.22-1.70x, 64x1024x7x7 1.42x,
+   16x4096x7x7 1.18x, 24x2048x7x7 1.10x, 20x2048x7x7 (16.1 MB) 0.955x; narrower rows kept
+   their caches even at 25.7 MB (32x512x14x14 0.99x, 32x128x28x28 0.92x, 24x128x28x28 0.73x,
+   NCHW 32x128x28x28 0.68x), and so did the inference (NHWC 32x128x28x28 0.58x,
+   24x2048x7x7 0.79x).  oneDNN streams every f32 output; through the cache norma's forward of
+   32x2048x7x7 ran 0.71x of its speed in that sitting, streamed 0.98x. */
+#define NORM_NT_FOOTPRINT_TRAIN ((int64_t)16 << 20)
+#define NORM_NT_WIDE_ROW 4096
+int norm_nt_store(int64_t bytes, int64_t footprint, int64_t floor);
+/* what a BatchNorm call (or a per-sample norm through the engine) computes, for its stores */
+typedef enum { NORM_NT_INFER, NORM_NT_TRAIN_FWD, NORM_NT_BWD } norm_nt_kind;
+/* the kind of a job: the backward (its sums or its apply), the training forward (with a
+   reduction of x), or the inference */
+static inline norm_nt_kind norm_nt_kind_of(const norm_job *jb) {
+  return jb->nsums == SUMS_BWD || jb->dy ? NORM_NT_BWD
+         : jb->nsums                     ? NORM_NT_TRAIN_FWD
+                                         : NORM_NT_INFER;
+}
 /* norm_nt_store for a BatchNorm call (or a per-sample norm through the engine) on g: its
    tensors, each the size of x, are the forward's x and y (and the residual), the backward's
-   x, dy and dx (and y for the activation's mask, dresidual) */
-static inline int norm_bn_nt_store(const norm_geom *g, int backward) {
+   x, dy and dx (and y for the activation's mask, dresidual).  The per-sample norms keep
+   NORM_NT_FOOTPRINT (not measured at 16-32 MiB). */
+static inline int norm_bn_nt_store(const norm_geom *g, norm_nt_kind kind) {
   const int64_t bytes = g->total * (int64_t)g->esize;
+  const int backward = kind == NORM_NT_BWD;
   const int64_t tensors = backward ? 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU)
                                    : 2 + (g->act == BN_ACT_ADD_RELU);
-  return norm_nt_store(bytes, tensors * bytes);
+  const int wide = g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
+  const int train = !g->per_sample && (backward || (kind == NORM_NT_TRAIN_FWD && wide));
+  return norm_nt_store(bytes, tensors * bytes, train ? NORM_NT_FOOTPRINT_TRAIN : NORM_NT_FOOTPRINT);
 }
 /* Whether the kernels' streaming stores fill whole cache lines when each writes runs of
    run_bytes contiguous bytes (a vector tail at the end of each run): runs of whole lines

@@ -281,6 +281,28 @@ def test_streaming_store_range():
         norma.set_streaming_stores(0)
 
 
+@pytest.mark.parametrize("op,shape,dtype,streams", [
+    # the backward: three tensors over 16 MiB stream (dx of 4 MiB and more)
+    ("backward", (32, 7, 7, 1024), np.float32, 1), ("backward", (32, 14, 14, 256), np.float32, 1),
+    ("backward", (32, 7, 7, 2048), np.float16, 1), ("backward", (12, 7, 7, 2048), np.float32, 0),
+    ("backward", (32, 7, 7, 512), np.float32, 0),
+    # the training forward: rows of 4 KiB and more from 16 MiB, narrower rows from 32 MiB
+    ("forward_training", (32, 7, 7, 2048), np.float32, 1),
+    ("forward_training", (24, 7, 7, 2048), np.float32, 1),
+    ("forward_training", (20, 7, 7, 2048), np.float32, 0),
+    ("forward_training", (32, 28, 28, 128), np.float32, 0),
+    ("forward_training", (32, 14, 14, 512), np.float32, 0),
+    # the inference keeps 32 MiB
+    ("inference", (32, 7, 7, 2048), np.float32, 0), ("inference", (64, 7, 7, 2048), np.float32, 1)])
+def test_streaming_store_footprint(op, shape, dtype, streams):
+    """By default an output streams when the call's tensors exceed 32 MiB, or 16 MiB for the
+    backward and for the training forward of rows of 4 KiB and more (engine.h,
+    NORM_NT_FOOTPRINT_TRAIN: there the LLC share of 2 vCPUs did not hold the tensors)."""
+    x = np.zeros(shape, dtype)
+    norma.set_streaming_stores(0)
+    assert norma.query_plan(x, op, layout="nhwc")["streaming_stores"] == streams
+
+
 @pytest.mark.parametrize("c,dtype,rows,streams", [
     (24, np.float32, 20000, 1), (24, np.float32, 20001, 0), (100, np.float32, 4000, 1),
     (100, np.float32, 4002, 0), (40, np.float16, 20000, 1), (40, np.float16, 20002, 0),
