@@ -133,15 +133,16 @@ NORMA_API int norma_get_use_reference(void);
  * max_bytes is written around the caches, which saves reading each line of it before it is
  * written when the output is not cached (a buffer reused from call to call).  With the default
  * minimum, an output is streamed only when the call's tensors (those it reads and writes)
- * together exceed 32 MiB (16 MiB for the BatchNorm backward, and for the BatchNorm training
- * forward of channels-last rows of 4 KiB or more, whose outputs then stream from 4 MiB): below
- * that the caches keep them from call to call.  A freshly
- * allocated output is usually cached already (the OS zero-fills a new page through the cache)
- * and is faster written through it: a binding that hands norma a new allocation for every call
- * may narrow the range.  norma.torch sets max_bytes to 32 MiB, above which glibc's malloc maps
- * fresh pages for every allocation.  min_bytes = 0 restores the default minimum (8 MiB, 4 MiB
- * where the footprint above is 16 MiB, or the environment variable NORMA_NT_MIN_BYTES); max_bytes = INT64_MAX (the default) means no
- * maximum; max_bytes < min_bytes disables them.  Results do not depend on it (only speed).
+ * together exceed 32 MiB (16 MiB for the BatchNorm backward and for the BatchNorm training
+ * forward of channels-last rows of 4 KiB or more, 20 MiB for the inference of such rows; the
+ * output must then be at least a quarter of that): below that the caches keep them from call
+ * to call.  A freshly allocated output is usually cached already (the OS zero-fills a new page
+ * through the cache) and is faster written through it: a binding that hands norma a new
+ * allocation for every call may narrow the range.  norma.torch sets max_bytes to 32 MiB, above
+ * which glibc's malloc maps fresh pages for every allocation.  min_bytes = 0 restores the
+ * default minimum (the above, or the environment variable NORMA_NT_MIN_BYTES); max_bytes =
+ * INT64_MAX (the default) means no maximum; max_bytes < min_bytes disables them.  Results do
+ * not depend on it (only speed).
  * Errors: NORMA_ERR_INVALID_ARGUMENT for a negative value.
  */
 NORMA_API norma_status norma_set_streaming_stores(int64_t min_bytes, int64_t max_bytes);

@@ -168,8 +168,8 @@ int64_t norm_unit_budget(void);
    call whose tensors (those it reads and those it writes) total `footprint` bytes.  Within the
    range norma_set_streaming_stores set; its minimum, or NORMA_NT_MIN_BYTES (a tuning knob,
    docs/performance.md), decides alone when given; by default an output of at least a quarter
-   of `floor` in a call whose footprint exceeds `floor` (NORM_NT_FOOTPRINT, or for the
-   training ops NORM_NT_FOOTPRINT_TRAIN).  Below that the caches hold the tensors from call to
+   of `floor` in a call whose footprint exceeds `floor` (NORM_NT_FOOTPRINT; lower for some
+   BatchNorm calls, below).  Below that the caches hold the tensors from call to
    call, and an output written through them is found there the next time: measured (Zen 5,
    2 threads, f32, A/B pairs, streamed / through the cache) forward NCHW 8x32x112x112
    (12.8 MB: 25.6 MB read and written) 1.44x slower streamed, inference 16x64x56x56 1.7x. */
@@ -191,6 +191,15 @@ int64_t norm_unit_budget(void);
    32x2048x7x7 ran 0.71x of its speed in that sitting, streamed 0.98x. */
 #define NORM_NT_FOOTPRINT_TRAIN ((int64_t)16 << 20)
 #define NORM_NT_WIDE_ROW 4096
+/* The inference of channels-last rows of at least NORM_NT_WIDE_ROW bytes streams from a
+   footprint of 20 MiB: through the cache, each vector's three constants from L1 slowed the
+   apply of such rows (a stand-alone loop over 8x18x18x1536 f32: 0.87-1.27 ms with them,
+   0.52-0.63 with the constants in registers; streamed, 0.59-0.68 either way).  Measured as
+   above: 28x2048x7x7 (22.5 MB) 1.53x, 32x2048x7x7 1.47x (against oneDNN 0.83x through the
+   cache, 1.08x streamed), 16x1024x14x14 1.42x, 32x1024x10x10 1.50x, bf16 64x2048x7x7 1.50x,
+   8x1536x18x18 1.39x, 8x1152x14x25 1.03x; below 20 MiB, 24x2048x7x7 (19.3 MB) 0.79x, and
+   8x4096x9x9 (21.2 MB) 0.84x. */
+#define NORM_NT_FOOTPRINT_WIDE_INFER ((int64_t)20 << 20)
 int norm_nt_store(int64_t bytes, int64_t footprint, int64_t floor);
 /* what a BatchNorm call (or a per-sample norm through the engine) computes, for its stores */
 typedef enum { NORM_NT_INFER, NORM_NT_TRAIN_FWD, NORM_NT_BWD } norm_nt_kind;
@@ -211,8 +220,12 @@ static inline int norm_bn_nt_store(const norm_geom *g, norm_nt_kind kind) {
   const int64_t tensors = backward ? 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU)
                                    : 2 + (g->act == BN_ACT_ADD_RELU);
   const int wide = g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
-  const int train = !g->per_sample && (backward || (kind == NORM_NT_TRAIN_FWD && wide));
-  return norm_nt_store(bytes, tensors * bytes, train ? NORM_NT_FOOTPRINT_TRAIN : NORM_NT_FOOTPRINT);
+  int64_t floor = NORM_NT_FOOTPRINT;
+  if (!g->per_sample && (backward || (kind == NORM_NT_TRAIN_FWD && wide)))
+    floor = NORM_NT_FOOTPRINT_TRAIN;
+  else if (!g->per_sample && wide)
+    floor = NORM_NT_FOOTPRINT_WIDE_INFER;
+  return norm_nt_store(bytes, tensors * bytes, floor);
 }
 /* Whether the kernels' streaming stores fill whole cache lines when each writes runs of
    run_bytes contiguous bytes (a vector tail at the end of each run): runs of whole lines

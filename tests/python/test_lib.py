@@ -292,12 +292,14 @@ def test_streaming_store_range():
     ("forward_training", (20, 7, 7, 2048), np.float32, 0),
     ("forward_training", (32, 28, 28, 128), np.float32, 0),
     ("forward_training", (32, 14, 14, 512), np.float32, 0),
-    # the inference keeps 32 MiB
-    ("inference", (32, 7, 7, 2048), np.float32, 0), ("inference", (64, 7, 7, 2048), np.float32, 1)])
+    # the inference: rows of 4 KiB and more from 20 MiB, narrower rows from 32 MiB
+    ("inference", (32, 7, 7, 2048), np.float32, 1), ("inference", (24, 7, 7, 2048), np.float32, 0),
+    ("inference", (32, 28, 28, 128), np.float32, 0), ("inference", (64, 28, 28, 128), np.float32, 1)])
 def test_streaming_store_footprint(op, shape, dtype, streams):
     """By default an output streams when the call's tensors exceed 32 MiB, or 16 MiB for the
-    backward and for the training forward of rows of 4 KiB and more (engine.h,
-    NORM_NT_FOOTPRINT_TRAIN: there the LLC share of 2 vCPUs did not hold the tensors)."""
+    backward and for the training forward of rows of 4 KiB and more, 20 MiB for the inference
+    of such rows (engine.h, NORM_NT_FOOTPRINT_TRAIN: there the LLC share of 2 vCPUs did not
+    hold the tensors)."""
     x = np.zeros(shape, dtype)
     norma.set_streaming_stores(0)
     assert norma.query_plan(x, op, layout="nhwc")["streaming_stores"] == streams
