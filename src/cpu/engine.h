@@ -219,12 +219,12 @@ static inline int norm_bn_nt_store(const norm_geom *g, norm_nt_kind kind) {
   const int backward = kind == NORM_NT_BWD;
   const int64_t tensors = backward ? 3 + (g->act != BN_ACT_NONE) + (g->act == BN_ACT_ADD_RELU)
                                    : 2 + (g->act == BN_ACT_ADD_RELU);
-  const int wide = g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
+  const int wide =
+      g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
   int64_t floor = NORM_NT_FOOTPRINT;
-  if (!g->per_sample && (backward || (kind == NORM_NT_TRAIN_FWD && wide)))
-    floor = NORM_NT_FOOTPRINT_TRAIN;
-  else if (!g->per_sample && wide)
-    floor = NORM_NT_FOOTPRINT_WIDE_INFER;
+  if (!g->per_sample && (backward || wide))
+    floor = backward || kind == NORM_NT_TRAIN_FWD ? NORM_NT_FOOTPRINT_TRAIN
+                                                  : NORM_NT_FOOTPRINT_WIDE_INFER;
   return norm_nt_store(bytes, tensors * bytes, floor);
 }
 /* Whether the kernels' streaming stores fill whole cache lines when each writes runs of

@@ -221,7 +221,8 @@ norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm
   jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
   if (jb.nt > g->n) jb.nt = (int)g->n;
   const int64_t bytes = g->total * (int64_t)g->esize; /* x, y, and the residual and sum */
-  jb.store = norm_nt_store(bytes, (2 + (a->res != NULL) + (a->sum != NULL)) * bytes, NORM_NT_FOOTPRINT) &&
+  const int64_t tensors = 2 + (a->res != NULL) + (a->sum != NULL);
+  jb.store = norm_nt_store(bytes, tensors * bytes, NORM_NT_FOOTPRINT) &&
                      norm_nt_runs(g->c * (int64_t)g->esize) ? BN_STORE_NT : 0;
   row_ctx rc = {.g = g, .jb = &jb, .fa = a};
   const size_t pb = norm_up64((size_t)g->c * 2 * jb.cbytes);
@@ -316,8 +317,8 @@ norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const nor
   jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
   if (jb.nt > nunits) jb.nt = (int)nunits;
   const int64_t bytes = g->total * (int64_t)g->esize; /* x, dy, dx */
-  jb.store = norm_nt_store(bytes, 3 * bytes, NORM_NT_FOOTPRINT) && norm_nt_runs(g->c * (int64_t)g->esize)
-                 ? BN_STORE_NT : 0;
+  jb.store = norm_nt_store(bytes, 3 * bytes, NORM_NT_FOOTPRINT) &&
+                     norm_nt_runs(g->c * (int64_t)g->esize) ? BN_STORE_NT : 0;
   const int grads = a->dgamma || a->dbeta;
   const size_t pb = norm_up64((size_t)g->c * 2 * jb.cbytes);
   const size_t partb = grads ? norm_up64((size_t)nunits * 2 * (size_t)g->c * sizeof(double)) : 0;
