@@ -244,12 +244,24 @@ static int cf_chans(const norm_job *jb) {
   return jb->nsums == SUMS_STATS && cf_chunks(jb) == 1 && cf_spr_sums(jb) > 1 &&
          jb->g->s <= CF_CHANS_MAX_S;
 }
-/* the statistics of channels [ch, ch + m) (m <= NORM_CF_RUNS) of the samples [i, i + nr) into
-   out[3 j ..]: seg_sums_cf of each, the same bits */
-static void stats_cf_chans(const norm_job *jb, int64_t ch, int64_t m, int64_t i, int64_t nr,
-                           double *out) {
+/* the same for the backward's sums: one bwd_sums_chans call for up to NORM_CF_RUNS channels
+   instead of one bwd_sums_run call each (bwd NCHW 2x1344x4x2: the calls and their absorbs
+   were half the time) */
+static int cf_chans_bwd(const norm_job *jb) {
+  return jb->nsums == SUMS_BWD && cf_chunks(jb) == 1 && jb->g->s <= CF_CHANS_MAX_S;
+}
+/* the statistics (or the backward's sums: cf_chans_bwd) of channels [ch, ch + m)
+   (m <= NORM_CF_RUNS) of the samples [i, i + nr) into out[3 j ..]: seg_sums_cf of each, the
+   same bits; u: the unit whose constants the backward's sums take */
+static void stats_cf_chans(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t m,
+                           int64_t i, int64_t nr, double *out) {
   const norm_geom *g = jb->g;
-  jb->uk->stats_chans(tptr(jb, jb->x, (i * g->c + ch) * g->s), g->s, nr, g->c * g->s, m, out);
+  const int64_t e = (i * g->c + ch) * g->s;
+  if (jb->nsums == SUMS_STATS)
+    jb->uk->stats_chans(tptr(jb, jb->x, e), g->s, nr, g->c * g->s, m, out);
+  else
+    jb->uk->bwd_sums_chans(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), g->s, nr,
+                           g->c * g->s, m, cst_at(jb, u, ch - u->j0), u->cs, jb->act, out);
 }
 
 /* rows of the samples [i0, i1) in rows form */
@@ -448,13 +460,14 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
         }
         continue;
       }
-      if (cf_chans(jb)) {
-        /* short runs: the statistics of the unit's channels in stats_chans calls (the same
-           bits per channel as a call each), each channel absorbing its segments in order */
+      if (cf_chans(jb) || cf_chans_bwd(jb)) {
+        /* short runs: the statistics (or the backward's sums) of the unit's channels in
+           stats_chans (bwd_sums_chans) calls (the same bits per channel as a call each), each
+           channel absorbing its segments in order */
         double o[3 * NORM_CF_RUNS];
         for (int64_t j = 0; j < u->nc; j += NORM_CF_RUNS) {
           const int64_t m = u->nc - j < NORM_CF_RUNS ? u->nc - j : NORM_CF_RUNS;
-          stats_cf_chans(jb, u->j0 + j, m, i, nr, o);
+          stats_cf_chans(jb, u, u->j0 + j, m, i, nr, o);
           for (int64_t r = 0; r < m; r++)
             absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)(nr * g->s));
         }
@@ -754,16 +767,18 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
   const int64_t c = jb->g->c;
   /* whole runs of one sample at a time (spr 1, one chunk): the statistics of its consecutive
      channels in one stats_runs call, whose passes overlap (the same bits per channel) */
-  const int runs = jb->nsums == SUMS_STATS && nch == 1 && spr == 1, chans = cf_chans(jb);
+  const int runs = jb->nsums == SUMS_STATS && nch == 1 && spr == 1;
+  const int chans = cf_chans(jb) || cf_chans_bwd(jb);
   for (int64_t it = w0; it < w1;) {
     const int64_t q = it % nch, ch = (it / nch) % c, seg = it / nch / c * nch + q;
     const int64_t i = sa->u->i0 + seg / nch * spr;
     int64_t m = c - ch < w1 - it ? c - ch : w1 - it;
     if (chans && m > 1) {
-      /* short runs: consecutive channels of the segment in one stats_chans call */
+      /* short runs: consecutive channels of the segment in one stats_chans (bwd_sums_chans)
+         call */
       double o[3 * NORM_CF_RUNS];
       if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;
-      stats_cf_chans(jb, ch, m, i, i1 - i < spr ? i1 - i : spr, o);
+      stats_cf_chans(jb, sa->u, ch, m, i, i1 - i < spr ? i1 - i : spr, o);
       for (int64_t r = 0; r < m; r++)
         for (int k = 0; k < 3; k++) sa->part[((ch + r) * nseg + seg) * 3 + k] = o[3 * r + k];
       it += m;

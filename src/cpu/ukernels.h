@@ -161,6 +161,13 @@ typedef struct bn_ukernels {
      kernels take short runs sixteen channels at a time */
   void (*stats_chans)(const void *x, int64_t len, int64_t nruns, int64_t stride, int64_t m,
                       double *out);
+  /* bwd_sums_run(channel j, len, nruns, stride, cst + j, cs, act, out + 3 j) for m >= 1
+     consecutive channels of a channels-first block (channel j's runs at element j * len), the
+     same bits: the AVX-512 kernels take runs of up to 8 values with the channels packed in a
+     vector's lanes */
+  void (*bwd_sums_chans)(const void *v, const void *y, const void *dy, int64_t len,
+                         int64_t nruns, int64_t stride, int64_t m, const void *cst, int64_t cs,
+                         int act, double *out);
 } bn_ukernels;
 
 /* The block anchor of the statistics (see above), in f32 and f64: the mean sum * inv_len
@@ -236,7 +243,7 @@ static inline void bn_stats_shift(double kb, double K, double s1, double s2, dou
 #define BN_UKERNEL_SLOTS(X)                                                                  \
   X(stats_run) X(stats_rows) X(fwd_run) X(fwd_rows) X(bwd_sums_run) X(bwd_sums_rows)          \
   X(bwd_run) X(bwd_rows) X(sumsq_run) X(add_run) X(affine_run) X(affine_bwd_sums_run)         \
-  X(affine_bwd_run) X(stats_run2) X(stats_runs) X(stats_chans)
+  X(affine_bwd_run) X(stats_run2) X(stats_runs) X(stats_chans) X(bwd_sums_chans)
 
 /* Tables, by dtype; NULL where an ISA has no kernel for that dtype, and NULL entries where it
    lacks a kernel (the engine takes the portable one there: bn_ukernels_for). */

@@ -17,7 +17,7 @@
  * it on AVX-512), and with streaming stores against ordinary ones on rows that end inside a
  * line (every row's stores on the line); and the
  * channels-first statistics of consecutive runs (stats_runs) against one run at a time, and
- * those of consecutive channels (stats_chans) against one channel at a time, on every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
+ * those of consecutive channels (stats_chans, and the backward's bwd_sums_chans) against one channel at a time, on every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
@@ -337,12 +337,77 @@ static void check_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
         }
 }
 
+/* the backward's sums of consecutive channels of a channels-first block (bwd_sums_chans,
+   whose AVX-512 kernel takes runs of up to 8 values with the channels packed in a vector's
+   lanes) against bwd_sums_run channel by channel, and bwd_sums_run's BN_RUN_CHANS sweep of
+   one run per channel against a call per run: each activation, runs around the packing
+   (1-9 values, 17), channel counts with every tail, zeros of both signs in dy, a NaN */
+static void check_bwd_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
+  static const int64_t lens[] = {1, 2, 3, 4, 5, 7, 8, 9, 17};
+  static const int64_t nrs[] = {1, 2, 9};
+  static const int64_t ms[] = {1, 3, 16, 17, 40};
+  static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
+  if (!uk || !uk->bwd_sums_chans || !uk->bwd_sums_run) return;
+  const size_t es = tu_esize(dt), cb = dt == NORMA_F64 ? 8 : 4;
+  tu_rng r = tu_rng_make(86);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (size_t ni = 0; ni < sizeof nrs / sizeof nrs[0]; ni++)
+      for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+        for (int kind = 0; kind < 2; kind++) {
+          const int64_t len = lens[li], nr = nrs[ni], m = ms[mi], c = m + 3;
+          const int64_t stride = c * len, n = nr * stride;
+          char *x = malloc((size_t)n * es), *y = malloc((size_t)n * es), *dy = malloc((size_t)n * es);
+          char *cst = malloc(cb * (size_t)(C_COUNT * c));
+          double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+          tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
+          tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
+          tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
+          for (int64_t j = 0; j < c; j++) {
+            const double xs = (j % 3) ? 0.5 : 2.0, xo = tu_uniform(&r, -1.0, 1.0);
+            for (int q = 0; q < C_COUNT; q++) {
+              const double v = q == C_XS ? xs : q == C_XO ? xo : tu_uniform(&r, -1.5, 1.5);
+              if (cb == 8) ((double *)cst)[q * c + j] = v;
+              else ((float *)cst)[q * c + j] = (float)v;
+            }
+          }
+          if (kind == 1) { /* channel 0's dy zeros of both signs, a NaN in the last channel's x */
+            for (int64_t i = 0; i < nr; i++)
+              for (int64_t q = 0; q < len; q++) tu_store(dt, dy, i * stride + q, (q + i) % 2 ? -0.0 : 0.0);
+            tu_store(dt, x, (nr - 1) * stride + (m - 1) * len + len / 2, NAN);
+          }
+          for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
+            const int act = acts[ai];
+            uk->bwd_sums_chans(x, y, dy, len, nr, stride, m, cst, c, act, a);
+            for (int64_t j = 0; j < m; j++) {
+              const size_t o = (size_t)(j * len) * es;
+              uk->bwd_sums_run(x + o, y + o, dy + o, len, nr, stride, cst + (size_t)j * cb, c, act,
+                               b + 3 * j);
+            }
+            int ok = 1;
+            for (int64_t k = 0; k < 3 * m; k++) ok &= same_d(a[k], b[k]);
+            TU_CHECK(ok, "%s dtype %d act %d: bwd_sums_chans of %lld channels, %lld runs of %lld "
+                     "values (data %d) differs from bwd_sums_run channel by channel", isa, (int)dt,
+                     act, (long long)m, (long long)nr, (long long)len, kind);
+            if (nr == 1) { /* one run per channel, back to back: the BN_RUN_CHANS sweep */
+              uk->bwd_sums_run(x, y, dy, len, m, len, cst, c, act | BN_RUN_CHANS, a);
+              ok = 1;
+              for (int64_t k = 0; k < 3 * m; k++) ok &= same_d(a[k], b[k]);
+              TU_CHECK(ok, "%s dtype %d act %d: bwd_sums_run's sweep (BN_RUN_CHANS) of %lld runs "
+                       "of %lld values (data %d) differs from a call per run", isa, (int)dt, act,
+                       (long long)m, (long long)len, kind);
+            }
+          }
+          free(x), free(y), free(dy), free(cst), free(a), free(b);
+        }
+}
+
 static void check_table(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
   check_sums(isa, uk, dt);
   check_apply(isa, uk, dt);
   check_apply_inplace(isa, uk, dt);
   check_runs(isa, uk, dt);
   check_chans(isa, uk, dt);
+  check_bwd_chans(isa, uk, dt);
 }
 
 int main(void) {
