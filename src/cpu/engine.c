@@ -253,7 +253,7 @@ static int cf_chans_bwd(const norm_job *jb) {
 /* the statistics (or the backward's sums: cf_chans_bwd) of channels [ch, ch + m)
    (m <= NORM_CF_RUNS) of the samples [i, i + nr) into out[3 j ..]: seg_sums_cf of each, the
    same bits; u: the unit whose constants the backward's sums take */
-static void stats_cf_chans(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t m,
+static void sums_cf_chans(const norm_job *jb, const norm_unit *u, int64_t ch, int64_t m,
                            int64_t i, int64_t nr, double *out) {
   const norm_geom *g = jb->g;
   const int64_t e = (i * g->c + ch) * g->s;
@@ -470,7 +470,7 @@ static void unit_reduce(norm_job *jb, norm_unit *u) {
         double o[3 * NORM_CF_RUNS];
         for (int64_t j = 0; j < u->nc; j += NORM_CF_RUNS) {
           const int64_t m = u->nc - j < NORM_CF_RUNS ? u->nc - j : NORM_CF_RUNS;
-          stats_cf_chans(jb, u, u->j0 + j, m, i, nr, o);
+          sums_cf_chans(jb, u, u->j0 + j, m, i, nr, o);
           for (int64_t r = 0; r < m; r++)
             absorb(jb, u->tot, u->ts, j + r, i == u->i0, &o[3 * r], 1, (double)(nr * g->s));
         }
@@ -781,7 +781,7 @@ static void split_sums_cf(norm_job *jb, int64_t w0, int64_t w1, void *arg) {
          call */
       double o[3 * NORM_CF_RUNS];
       if (m > NORM_CF_RUNS) m = NORM_CF_RUNS;
-      stats_cf_chans(jb, sa->u, ch, m, i, i1 - i < spr ? i1 - i : spr, o);
+      sums_cf_chans(jb, sa->u, ch, m, i, i1 - i < spr ? i1 - i : spr, o);
       for (int64_t r = 0; r < m; r++)
         for (int k = 0; k < 3; k++) sa->part[((ch + r) * nseg + seg) * 3 + k] = o[3 * r + k];
       it += m;
