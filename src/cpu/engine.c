@@ -1377,13 +1377,25 @@ static int forced_schedule(void) {
      and 4x192x8x8 0.83-0.90x; at 98K values 0.93-1.64x.  Not for 16-bit data under 256
      channels: bf16 32x64x7x7 ran 0.94x / 0.82x (f16 4x512x7x7 backward 1.20x, bf16 1x1024x7x7
      forward 1.51x);
-   - channels-last backward of f32: from 98304 values where rows are whole lines.  Against
-     one thread, 7 rounds each: 1x2048x7x7 1.25x, 8x256x7x7 1.21x, 3x640x8x8 1.21x, 16x128x7x7
-     1.19x, 4x384x8x8 1.04x, 2x1280x7x7 1.02x, 2x1024x7x7 and 2x768x8x8 0.99x, 4x512x7x7 0.92x
-     (not explained); 64K values 0.70-0.92x.  Else from NORM_SERIAL_BELOW ([100, 1000] and
-     2x1000x7x7 ran 0.79-0.83x on 2 threads, bf16 8x256x7x7 0.91x);
-   - channels-last training forward: from NORM_SERIAL_BELOW (at 131072 values 0.89-1.12x). */
+   - the wide view of short channels-first runs (op_bn.c, wide_cf_runs): the backward of f32
+     from 98304 values where its rows are whole lines, else from NORM_SERIAL_BELOW (against
+     the rule below, backward NCHW 32x256x2x2 ran 0.72x, 8x512x3x3 0.99x);
+   - channels-last and [N, C] training: the backward from
+     NORM_PAR_ROWS_BWD values, the forward from NORM_PAR_ROWS_FWD, any dtype.  The fifteenth
+     session had found 2 threads slower below 98304 (backward f32, whole lines) and 131072
+     values (the rest); since the engine's single parallel region and dynamic shares
+     (thirty-second session) they gain far below that.  Measured (thirty-seventh session, Zen
+     5, f32 unless said, pair.py against one thread, 4 rounds, one process a measurement):
+     backward 1x1280x8x8 1.80x, 16x512x3x3 1.53x (bf16 1.47x), bf16 8x256x7x7 1.65x,
+     2x1000x7x7 1.28x, [64, 1000] 1.17x, 8x256x4x4 (32K) 1.21x, 4x512x3x3 (18K) 1.13x,
+     2x768x4x4 1.06x; but [24, 1000] 0.88x, [16, 1024] 0.91x, 8x256x2x4 0.97x; forward
+     16x512x3x3 1.45x (bf16 1.31x), [64, 1000] 1.16x, 4x384x5x5 (38K) 1.14x, 2x2048x4x4 (32K)
+     1.12x; but 2x768x4x4 (24K) 0.87x, [24, 1000] 0.92x, 8x256x2x4 0.79x, 8x64x6x6 0.91x.  In
+     a loop of calls (one thread against two): 32K values 0.90-1.13x forward, 0.97-1.33x
+     backward; 48K-82K 0.98-1.65x forward, 1.0-1.74x backward. */
 #define NORM_PAR_TRAIN ((int64_t)98304)
+#define NORM_PAR_ROWS_BWD ((int64_t)32768)
+#define NORM_PAR_ROWS_FWD ((int64_t)36864)
 /* Channels-first training with short runs costs per run and per channel more than its values
    say: a one-thread fit over 20 shapes of 8K-66K values with runs of 4-49 (Zen 5, f32, in
    the caches) gave 0.087 ns a value, 7.5 ns a channel and 5.1 ns a run for the backward, and
@@ -1418,8 +1430,10 @@ static int bn_threads(const norm_job *jb) {
   } else if (!jb->rows_form) {
     if (g->esize == 4 || g->c >= 256) work += 48 * g->c, need = NORM_PAR_TRAIN;
     if (cf_short_runs_parallel(g, backward)) return norma__threads();
-  } else if (backward && g->esize == 4 && whole_lines) {
-    need = NORM_PAR_TRAIN;
+  } else if (jb->cf_wide) {
+    if (backward && g->esize == 4 && whole_lines) need = NORM_PAR_TRAIN;
+  } else {
+    need = backward ? NORM_PAR_ROWS_BWD : NORM_PAR_ROWS_FWD;
   }
   return work < need ? 1 : norma__threads();
 }

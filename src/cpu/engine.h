@@ -140,6 +140,7 @@ struct norm_job {
   int nsums;       /* SUMS_* */
   int act;         /* the activation the reduction kernels see (the geometry's) */
   int split;       /* the op asks for the split schedule (BatchNorm's wide rows) */
+  int cf_wide;     /* the rows are the wide view of short channels-first runs (op_bn.c) */
   int apply;       /* apply after finalize */
   /* tensors */
   const void *x, *res, *y, *dy;

@@ -367,7 +367,7 @@ static norma_status run_bn(norm_job *jb, const norm_geom *g) {
   const int64_t rep = wide_geom(g, norm_nt_kind_of(jb), &gw);
   if (rep < 0) return norm_run_job(jb);
   wide_ctx w = {jb->ctx, jb->prepare, jb->finalize, g, rep};
-  jb->g = &gw, jb->ctx = &w, jb->split = 1;
+  jb->g = &gw, jb->ctx = &w, jb->split = 1, jb->cf_wide = rep > 0;
   jb->prepare = jb->prepare ? wide_prepare : NULL;
   jb->finalize = wide_finalize;
   return norm_run_job(jb);
@@ -604,7 +604,8 @@ void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
                                                                       : SUMS_STATS,
                  .apply = 1};
   norm_geom gw; /* the call's plan: through the wide view where run_bn takes it */
-  if (wide_geom(g, norm_nt_kind_of(&jb), &gw) >= 0) jb.g = &gw, jb.split = 1;
+  const int64_t rep = wide_geom(g, norm_nt_kind_of(&jb), &gw);
+  if (rep >= 0) jb.g = &gw, jb.split = 1, jb.cf_wide = rep > 0;
   norm_plan_job(&jb);
   out->fused = jb.fused;
   out->unit = jb.fused ? jb.unit : 0;
