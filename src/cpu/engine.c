@@ -1366,8 +1366,9 @@ static int forced_schedule(void) {
    more than the parallel region costs (a fork / join of 3-5 us, a barrier), which depends on
    the work per value.  Measured on Zen 5 (2 threads, f32, A/B pairs of 1 and 2 threads on 58
    shapes of 32K-262K values, both layouts and [N, C]; docs/performance.md, fifteenth session):
-   - inference (a pass over x): from 131072 values plus 32 a channel (the constants each
-     thread makes and reads).  With 1, 2 threads ran 1x2048x8x8 (131K values) 0.72-0.88x as
+   - inference (a pass over x): from NORM_PAR_INFER values (below) plus 32 a channel (the
+     constants each thread makes and reads).  The fifteenth session measured (its rule
+     was 131072 plus 32): with 1, 2 threads ran 1x2048x8x8 (131K values) 0.72-0.88x as
      fast, 8x256x8x8 and 16x512x4x4 0.76-0.80x, [64, 2048] 0.67x, [128, 1024] 0.72x,
      [150, 1000] 0.79x, 4x128x16x16 1.04x, and 3x256x14x14 (150K) 1.16x, 12x128x10x10 (154K)
      1.50x, 4x1024x7x7 1.00-1.16x, [64, 4096] 1.22x, 64x64x7x7 1.42-1.53x, 8x512x8x8 1.21x;
@@ -1394,6 +1395,14 @@ static int forced_schedule(void) {
      a loop of calls (one thread against two): 32K values 0.90-1.13x forward, 0.97-1.33x
      backward; 48K-82K 0.98-1.65x forward, 1.0-1.74x backward. */
 #define NORM_PAR_TRAIN ((int64_t)98304)
+/* Inference shares its work from NORM_PAR_INFER values plus 32 a channel (131072 plus 32
+   until the thirty-seventh session).  Measured then (Zen 5, f32 unless said, pair.py against
+   one thread, 4 rounds): gains at 50K-131K values, NHWC 16x512x3x3 1.28x (bf16 1.24x),
+   32x256x3x3 1.34x, 16x64x8x8 1.31x, 4x640x5x5 1.10x, [128, 1024] 1.30x, [64, 2048] 1.05x,
+   NCHW 1x2048x8x8 1.24x, 8x128x7x7 1.26x; losses where the channels are many for the values,
+   which the 32 a channel keeps on one thread: [48, 1024] 0.85x, NHWC 4x1024x3x4 0.88x, NCHW
+   16x256x3x3 0.70x. */
+#define NORM_PAR_INFER ((int64_t)49152)
 #define NORM_PAR_ROWS_BWD ((int64_t)32768)
 #define NORM_PAR_ROWS_FWD ((int64_t)36864)
 /* Channels-first training with short runs costs per run and per channel more than its values
@@ -1426,7 +1435,7 @@ static int bn_threads(const norm_job *jb) {
   const int whole_lines = g->c * (int64_t)g->esize % 64 == 0;
   int64_t work = g->total, need = NORM_SERIAL_BELOW;
   if (!jb->nsums) {
-    need = NORM_SERIAL_BELOW + 32 * g->c;
+    need = NORM_PAR_INFER + 32 * g->c;
   } else if (!jb->rows_form) {
     if (g->esize == 4 || g->c >= 256) work += 48 * g->c, need = NORM_PAR_TRAIN;
     if (cf_short_runs_parallel(g, backward)) return norma__threads();
