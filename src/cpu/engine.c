@@ -1423,6 +1423,16 @@ static int forced_schedule(void) {
    values, and of 3-12 with enough samples, take the rows form, op_bn.c's wide view
    (wide_cf_runs), and never come here.) */
 #define CF_PAR_MIN_C 64
+/* Channels-first training with CF_PAR_MIN_C channels or more, any dtype, shares its work from
+   NORM_PAR_CF values (a channel counted as 48); fewer channels keep NORM_PAR_TRAIN (f32) and
+   NORM_SERIAL_BELOW (16-bit).  Until the thirty-seventh session all of them did (16-bit
+   data under 256 channels from NORM_SERIAL_BELOW).  Measured then (Zen 5, pair.py against one
+   thread, 4 rounds, forward / backward): f32 1x64x16x16 (16K values) 1.37x / 1.05x,
+   2x64x16x16 1.46x / 1.46x, 1x128x14x14 1.54x / 1.47x, 1x512x7x7 1.67x / 1.56x, 4x64x16x16
+   1.51x / 1.77x, 1x256x14x14 1.69x / 1.63x, 16x64x5x5 1.44x / 1.04x, bf16 2x64x16x16 1.39x
+   (forward), 1x128x14x14 1.37x (backward).  Fewer channels lost: 64x32x4x4 0.53x / 1.15x,
+   8x32x8x8 1.07x / 0.95x. */
+#define NORM_PAR_CF ((int64_t)24576)
 static int cf_short_runs_parallel(const norm_geom *g, int backward) {
   if (g->c < CF_PAR_MIN_C) return 0;
   const int64_t runs = g->n * g->c;
@@ -1437,7 +1447,8 @@ static int bn_threads(const norm_job *jb) {
   if (!jb->nsums) {
     need = NORM_PAR_INFER + 32 * g->c;
   } else if (!jb->rows_form) {
-    if (g->esize == 4 || g->c >= 256) work += 48 * g->c, need = NORM_PAR_TRAIN;
+    if (g->c >= CF_PAR_MIN_C) work += 48 * g->c, need = NORM_PAR_CF;
+    else if (g->esize == 4) work += 48 * g->c, need = NORM_PAR_TRAIN;
     if (cf_short_runs_parallel(g, backward)) return norma__threads();
   } else if (jb->cf_wide) {
     if (backward && g->esize == 4 && whole_lines) need = NORM_PAR_TRAIN;
