@@ -1211,9 +1211,23 @@ static int64_t min_piece(void) {
    0.91x, 16x256x38x38 forward 0.95x split). */
 #define NORM_CF_SPLIT_SHORT_MIN_N 12
 #define NORM_CF_SPLIT_SHORT_MAX_S 512
+/* But the f32 backward of tensors far beyond the LLC (x of NORM_CF_FUSED_BWD_BYTES or more)
+   with runs of NORM_CF_FUSED_BWD_RUN bytes or more stays fused: a unit's x and dy (a channel:
+   3.2 MB for 32x64x112x112) come back to its apply from the LLC, where the split schedule's
+   apply reads the whole tensor from memory again.  Measured (thirty-seventh session, Zen 5, 2
+   threads, pair.py --twice, 4 rounds, split against fused): 32x64x112x112 1.27x,
+   32x256x56x56 1.42x, 64x128x56x56 1.37x, 32x128x64x64 1.23x, 48x96x80x80 1.34x,
+   128x64x56x56 1.21x; not for tensors the LLC holds in part (32x64x56x56 1.04x, 64x64x56x56
+   1.02x), shorter runs (32x512x28x28 0.79x) or bf16 (32x256x56x56 0.86x, 64x256x56x56 0.98x,
+   32x64x112x112 1.07x); the forward gained little (32x256x56x56 1.04x). */
+#define NORM_CF_FUSED_BWD_BYTES ((int64_t)64 << 20)
+#define NORM_CF_FUSED_BWD_RUN ((int64_t)12288)
 static int cf_split_streams(const norm_job *jb) {
   const norm_geom *g = jb->g;
   if (g->s < NORM_CF_SPLIT_MIN_S || g->total * (int64_t)g->esize < NORM_CF_SPLIT_MIN_BYTES)
+    return 0;
+  if (jb->nsums == SUMS_BWD && g->esize == 4 && g->s * 4 >= NORM_CF_FUSED_BWD_RUN &&
+      g->total * 4 >= NORM_CF_FUSED_BWD_BYTES)
     return 0;
   return g->n >= NORM_CF_SPLIT_MIN_N ||
          (g->n >= NORM_CF_SPLIT_SHORT_MIN_N && g->s <= NORM_CF_SPLIT_SHORT_MAX_S);
