@@ -1398,8 +1398,8 @@ static int forced_schedule(void) {
    - channels-last and [N, C] training: the backward from
      NORM_PAR_ROWS_BWD values, the forward from NORM_PAR_ROWS_FWD, any dtype.  The fifteenth
      session had found 2 threads slower below 98304 (backward f32, whole lines) and 131072
-     values (the rest); since the engine's single parallel region and dynamic shares
-     (thirty-second session) they gain far below that.  Measured (thirty-seventh session, Zen
+     values (the rest); re-measured, they gain far below that (not traced to one change:
+     the schedules and their parallel regions have changed much since).  Measured (thirty-seventh session, Zen
      5, f32 unless said, pair.py against one thread, 4 rounds, one process a measurement):
      backward 1x1280x8x8 1.80x, 16x512x3x3 1.53x (bf16 1.47x), bf16 8x256x7x7 1.65x,
      2x1000x7x7 1.28x, [64, 1000] 1.17x, 8x256x4x4 (32K) 1.21x, 4x512x3x3 (18K) 1.13x,
