@@ -1226,8 +1226,8 @@ static int cf_split_streams(const norm_job *jb) {
   const norm_geom *g = jb->g;
   if (g->s < NORM_CF_SPLIT_MIN_S || g->total * (int64_t)g->esize < NORM_CF_SPLIT_MIN_BYTES)
     return 0;
-  if (jb->nsums == SUMS_BWD && g->esize == 4 && g->s * 4 >= NORM_CF_FUSED_BWD_RUN &&
-      g->total * 4 >= NORM_CF_FUSED_BWD_BYTES)
+  if (jb->nsums == SUMS_BWD && g->esize == 4 && g->s * g->esize >= NORM_CF_FUSED_BWD_RUN &&
+      g->total * g->esize >= NORM_CF_FUSED_BWD_BYTES)
     return 0;
   return g->n >= NORM_CF_SPLIT_MIN_N ||
          (g->n >= NORM_CF_SPLIT_SHORT_MIN_N && g->s <= NORM_CF_SPLIT_SHORT_MAX_S);
@@ -1395,12 +1395,12 @@ static int forced_schedule(void) {
    - the wide view of short channels-first runs (op_bn.c, wide_cf_runs): the backward of f32
      from 98304 values where its rows are whole lines, else from NORM_SERIAL_BELOW (against
      the rule below, backward NCHW 32x256x2x2 ran 0.72x, 8x512x3x3 0.99x);
-   - channels-last and [N, C] training: the backward from
-     NORM_PAR_ROWS_BWD values, the forward from NORM_PAR_ROWS_FWD, any dtype.  The fifteenth
-     session had found 2 threads slower below 98304 (backward f32, whole lines) and 131072
-     values (the rest); re-measured, they gain far below that (not traced to one change:
-     the schedules and their parallel regions have changed much since).  Measured (thirty-seventh session, Zen
-     5, f32 unless said, pair.py against one thread, 4 rounds, one process a measurement):
+   - channels-last and [N, C] training: the backward from NORM_PAR_ROWS_BWD values, the
+     forward from NORM_PAR_ROWS_FWD, any dtype.  The fifteenth session had found 2 threads
+     slower below 98304 (backward f32, whole lines) and 131072 values (the rest); re-measured,
+     they gain far below that (not traced to one change: the schedules and their parallel
+     regions have changed much since).  Measured (thirty-seventh session, Zen 5, f32 unless
+     said, pair.py against one thread, 4 rounds, one process a measurement):
      backward 1x1280x8x8 1.80x, 16x512x3x3 1.53x (bf16 1.47x), bf16 8x256x7x7 1.65x,
      2x1000x7x7 1.28x, [64, 1000] 1.17x, 8x256x4x4 (32K) 1.21x, 4x512x3x3 (18K) 1.13x,
      2x768x4x4 1.06x; but [24, 1000] 0.88x, [16, 1024] 0.91x, 8x256x2x4 0.97x; forward
