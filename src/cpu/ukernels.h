@@ -56,8 +56,9 @@
 #define BN_PF_AHEAD 0x800
 /* or-ed into the `act` argument of bwd_sums_rows and bwd_rows: the tensor is far beyond the
    caches (NORM_SEQ_BYTES), so the kernels read whole rows in address order (ukernels_vec.inc,
-   "rows in address order") where the rows have up to BN_SEQ_FOURS_MAX channels, or from
-   BN_SEQ_ROW_MIN to BN_SEQ_SUMS_MAX (the sums; the rows between take AVX-512's strips).  The
+   "rows in address order") where the rows have up to BN_SEQ_FOURS_MAX channels (AVX-512:
+   up to its strips' widest rows, BSTRIP_MAX), or from BN_SEQ_ROW_MIN to BN_SEQ_SUMS_MAX
+   (the sums; AVX2's rows between take rows by fours in the order of the caches).  The
    bits are those without it, except the sums of rows of BN_SEQ_ROW_MIN to BN_SEQ_SUMS_MAX
    channels, which add a row at a time in f32 within each block of BN_SUMS_BLOCK_ROWS rows
    (instead of rows by fours combined pairwise) on every vector ISA, whatever part of the rows
