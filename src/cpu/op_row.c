@@ -17,6 +17,27 @@
 #define ROW_PREFETCH_MAX 12288 /* most bytes of the forward's next pair of rows prefetched */
 #define ROW_BLOCK 64   /* rows per compute-type accumulation of dgamma / dbeta */
 #define ROW_UNITS 64   /* most row units of the backward (their partials are c doubles x 2) */
+/* The backward's units are four where the rows allow, of at most ROW_BLOCK rows (more only
+   past ROW_UNITS units): each unit sets, fills and hands over 2 c double partials, which the
+   call then combines in order.  With a unit a row (up to 64 units) LayerNorm's backward of
+   [128, 768] spent 70 % of its time on them (a third in the serial combine): 90 us on one
+   thread, against oneDNN's 28 us on two. */
+/* Values from which the rows' forward and backward run on the threads (BatchNorm's engine:
+   NORM_SERIAL_BELOW and bn_threads).  Until the thirty-eighth session all three were
+   NORM_SERIAL_BELOW (131072), which left BERT-base's [128, 768] on one thread.  Measured then
+   (Zen 5, 2 threads against 1, f32, pair.py, 5 rounds, above 1 two threads faster), in phases
+   where the two vCPUs ran alike: LayerNorm forward [32, 768] 1.47-1.54x, [64, 768] 1.68x,
+   [128, 768] 1.85x, [8, 4096] 1.64x, but [16, 768] 1.15x in one phase and 0.56x in another;
+   RMSNorm's single pass less: [64, 768] 1.22x, [96, 768] 1.45x, [16, 4096] 1.02x, [8, 4096]
+   0.85x; the backward [32, 768] 1.03x, [64, 768] 1.46x, [128, 768] 1.55x (RMSNorm alike),
+   [8, 4096] 0.89x.  Where the two vCPUs ran unevenly, calls of a few microseconds lost on two
+   threads (as BatchNorm's do), so the thresholds sit where two threads won by 1.2x or more. */
+#define ROW_PAR_FWD 32768
+#define ROW_PAR_FWD_RMS 49152
+#define ROW_PAR_BWD 40960
+/* partials (units x 2 c doubles) from which the backward combines them on the threads, each
+   a block of columns, every column still in unit order */
+#define ROW_COMBINE_PAR 32768
 
 typedef struct row_ctx {
   const norm_geom *g;
@@ -218,7 +239,7 @@ norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm
   if (mode != NORM_FWD_TRAINING) return norm_bn_forward(g, mode, a); /* IN / GN inference */
   norm_job jb = {.g = g};
   norm_job_kernels(&jb);
-  jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
+  jb.nt = g->total < (g->rms ? ROW_PAR_FWD_RMS : ROW_PAR_FWD) ? 1 : norma__threads();
   if (jb.nt > g->n) jb.nt = (int)g->n;
   const int64_t bytes = g->total * (int64_t)g->esize; /* x, y, and the residual and sum */
   const int64_t tensors = 2 + (a->res != NULL) + (a->sum != NULL);
@@ -251,7 +272,6 @@ static void bwd_unit(const row_ctx *rc, int64_t unit, char *acc) {
   const int64_t r1 = r0 + rc->rows_per_unit < nrows ? r0 + rc->rows_per_unit : nrows;
   const int grads = a->dgamma || a->dbeta;
   double *part = rc->part ? rc->part + (size_t)unit * 2 * (size_t)c : NULL;
-  if (part) memset(part, 0, sizeof(double) * 2 * (size_t)c);
   char *ag = acc, *ab = acc + norm_up64((size_t)c * cb);
   double kk[K_COUNT];
   for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK) {
@@ -292,11 +312,14 @@ static void bwd_unit(const row_ctx *rc, int64_t unit, char *acc) {
                            jb->store);
       }
     }
-    if (part)
+    /* the block's sums into the unit's partials (the first block sets them) */
+    if (part && cb == 8)
       for (int64_t j = 0; j < c; j++) {
-        part[j] += cb == 8 ? ((double *)ag)[j] : (double)((float *)ag)[j];
-        part[c + j] += cb == 8 ? ((double *)ab)[j] : (double)((float *)ab)[j];
+        const double pg = rb > r0 ? part[j] : 0.0, pb = rb > r0 ? part[c + j] : 0.0;
+        part[j] = pg + ((double *)ag)[j], part[c + j] = pb + ((double *)ab)[j];
       }
+    else if (part)
+      norm_chan()->row_partials(part, part + c, (const float *)ag, (const float *)ab, rb == r0, c);
   }
 }
 
@@ -306,15 +329,30 @@ static void bwd_units(norm_job *jb, int64_t u0, int64_t u1, void *arg) {
   for (int64_t u = u0; u < u1; u++) bwd_unit(rc, u, acc);
 }
 
+/* columns [64 b0, 64 b1) of the 2 c partials: the units' in unit order, into unit 0's */
+static void combine_units(norm_job *jb, int64_t b0, int64_t b1, void *arg) {
+  (void)jb;
+  const row_ctx *rc = arg;
+  const int64_t c2 = 2 * rc->g->c, j0 = 64 * b0, j1 = 64 * b1 < c2 ? 64 * b1 : c2;
+  const int64_t nunits = (rc->g->n + rc->rows_per_unit - 1) / rc->rows_per_unit;
+  const norm_chan_ops *chan = norm_chan();
+  for (int64_t u = 1; u < nunits; u++)
+    chan->add_d(rc->part + j0, rc->part + (size_t)u * (size_t)c2 + j0, j1 - j0);
+}
+
 norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const norm_bwd_args *a) {
   (void)mode;
   norm_job jb = {.g = g};
   norm_job_kernels(&jb);
-  /* units of rows fixed by the shape (the partials' order), at most ROW_UNITS */
-  const int64_t units = g->n < ROW_UNITS ? g->n : ROW_UNITS;
-  row_ctx rc = {.g = g, .jb = &jb, .ba = a, .rows_per_unit = (g->n + units - 1) / units};
-  const int64_t nunits = (g->n + rc.rows_per_unit - 1) / rc.rows_per_unit;
-  jb.nt = g->total < NORM_SERIAL_BELOW ? 1 : norma__threads();
+  /* units of rows fixed by the shape (the partials' order): four, for the threads, of at
+     most ROW_BLOCK rows, and at most ROW_UNITS units */
+  int64_t rpu = (g->n + 3) / 4;
+  if (rpu > ROW_BLOCK) rpu = ROW_BLOCK;
+  if (rpu < (g->n + ROW_UNITS - 1) / ROW_UNITS) rpu = (g->n + ROW_UNITS - 1) / ROW_UNITS;
+  if (rpu < 1) rpu = 1;
+  row_ctx rc = {.g = g, .jb = &jb, .ba = a, .rows_per_unit = rpu};
+  const int64_t nunits = (g->n + rpu - 1) / rpu;
+  jb.nt = g->total < ROW_PAR_BWD ? 1 : norma__threads();
   if (jb.nt > nunits) jb.nt = (int)nunits;
   const int64_t bytes = g->total * (int64_t)g->esize; /* x, dy, dx */
   jb.store = norm_nt_store(bytes, 3 * bytes, NORM_NT_FOOTPRINT) &&
@@ -330,12 +368,11 @@ norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const nor
   rc.part = grads ? (double *)(mem + pb) : NULL;
   rc.thr = mem + pb + partb;
   norm_parallel_for(&jb, nunits, bwd_units, &rc);
-  if (grads) { /* the units' partials in unit order, into unit 0's (memory order) */
-    double *p0 = rc.part;
-    for (int64_t u = 1; u < nunits; u++) {
-      const double *pu = rc.part + (size_t)u * 2 * (size_t)g->c;
-      for (int64_t j = 0; j < 2 * g->c; j++) p0[j] += pu[j];
-    }
+  if (grads) { /* the units' partials in unit order, into unit 0's */
+    const int64_t blocks = (2 * g->c + 63) / 64;
+    if (jb.nt > 1 && nunits * 2 * g->c >= ROW_COMBINE_PAR) norm_parallel_for(&jb, blocks, combine_units, &rc);
+    else combine_units(&jb, 0, blocks, &rc);
+    const double *p0 = rc.part;
     for (int64_t j = 0; j < g->c; j++) {
       if (a->dgamma) norma__param_store(g->dt, a->dgamma, j, p0[j]);
       if (a->dbeta) norma__param_store(g->dt, a->dbeta, j, p0[g->c + j]);

@@ -311,6 +311,9 @@ typedef struct norm_chan_ops {
   void (*fwd_tail)(const norm_fwd_tail *t, int64_t n);
   void (*infer_prep)(const float *mean, const float *var, const float *gamma, const float *beta,
                      double eps, double *m_out, double *sc_out, double *b_out, int64_t n);
+  void (*row_partials)(double *pg, double *pb, const float *ag, const float *ab, int first,
+                       int64_t n);
+  void (*add_d)(double *q, const double *p, int64_t n);
 } norm_chan_ops;
 const norm_chan_ops *norm_chan(void);
 extern const norm_chan_ops norm_chan_ops_base, norm_chan_ops_avx2, norm_chan_ops_avx512;

@@ -225,6 +225,8 @@ int main(void) {
       det_case(fam, 300, 1024, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++);
       if (!quick) det_case(fam, 301, 1030, 1, 1, NORMA_CHANNELS_LAST, dt, NORMA_CHECK_FINITE, seed++);
       det_case(fam, 7, 8200, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++); /* few rows, long */
+      /* the backward's four units of 10 rows (the last 7), threaded from 16384 values */
+      det_case(fam, 37, 769, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++);
       det_case(fam, 5, 33, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++);   /* serial */
     }
     for (int l = 0; l < 2; l++) {
