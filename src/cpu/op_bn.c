@@ -598,6 +598,10 @@ norma_status norm_bn_moments_tile(norma_dtype dt, int64_t rows, int64_t channels
 
 /* ---- plan introspection ----------------------------------------------------------------- */
 
+/* the LLC that the threads' fused units may count on holding (a conservative share of the
+   two vCPUs', see NORM_NT_FOOTPRINT_TRAIN): only norma_bn_query_plan's count of reads uses it */
+#define QUERY_LLC_UNITS ((int64_t)8 << 20)
+
 void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
   norm_job jb = {.g = g, .nsums = op == NORMA_BN_OP_FORWARD_INFERENCE ? SUMS_NONE
                                   : op == NORMA_BN_OP_BACKWARD        ? SUMS_BWD
@@ -614,7 +618,10 @@ void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
   out->streaming_stores = jb.store != 0;
   out->reference = 0;
   /* reads of the inputs from memory: 1 when there is no reduction, or when a fused unit stays
-     in the L2 share between its reduction and its apply */
+     in the caches between its reduction and its apply: in the L2 share, or with the units of
+     all threads within QUERY_LLC_UNITS (the far channels-first backward's units of a channel,
+     engine.c's cf_split_streams: 3.2 MB of x and dy for 32x64x112x112, which its apply reads
+     again from the LLC) */
   if (!jb.nsums) {
     out->dram_passes = 1;
   } else if (!jb.fused) {
@@ -622,6 +629,9 @@ void norm_cpu_query_plan(const norm_geom *g, int op, norma_bn_plan *out) {
   } else {
     const double tensors = jb.nsums == SUMS_BWD ? (g->act != BN_ACT_NONE ? 3 : 2) : 1;
     const double unit_bytes = (double)jb.unit * (double)g->m * (double)g->esize * tensors;
-    out->dram_passes = unit_bytes <= (double)norm_unit_budget() ? 1 : 2;
+    out->dram_passes = unit_bytes <= (double)norm_unit_budget() ||
+                               unit_bytes * (double)jb.nt <= (double)QUERY_LLC_UNITS
+                           ? 1
+                           : 2;
   }
 }
