@@ -49,6 +49,7 @@ typedef struct row_ctx {
   size_t thr_bytes;
   double *part;          /* backward: [units][2][c] */
   int64_t rows_per_unit;
+  int pf; /* forward: prefetch the next rows (the call's tensors beyond NORM_CACHED_BYTES) */
 } row_ctx;
 
 static inline const char *at(const norm_geom *g, const void *p, int64_t e) {
@@ -211,8 +212,8 @@ static void fwd_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
          0.94 ms on 8,512,768; a pair further ahead, prefetcht1, all of the pair at once, or
          during the statistics gained less).  Up to ROW_PREFETCH_MAX bytes: more evicts what
          is being used (16 KiB: 0.89x on 1,2048,2048). */
-      const int pf =
-          r + 3 < r1 && (size_t)(a->res ? 4 : 2) * (size_t)c * es <= ROW_PREFETCH_MAX;
+      const int pf = rc->pf && r + 3 < r1 &&
+                     (size_t)(a->res ? 4 : 2) * (size_t)c * es <= ROW_PREFETCH_MAX;
       if (pf) prefetch_row(rc, r + 2);
       stats_finish(o, c, &mean, &mlo, &var);
       fwd_group(rc, h0, (char *)a->y + (size_t)(r * c) * es, r, 0, mean, mlo, var);
@@ -222,7 +223,8 @@ static void fwd_rows(norm_job *jb, int64_t r0, int64_t r1, void *arg) {
     }
   /* rows alone (RMSNorm, wider residual rows, the last of an odd range): the next row as in
      pairs */
-  const int pf1 = cpg == c && (size_t)(a->res ? 2 : 1) * (size_t)c * es <= ROW_PREFETCH_MAX;
+  const int pf1 =
+      rc->pf && cpg == c && (size_t)(a->res ? 2 : 1) * (size_t)c * es <= ROW_PREFETCH_MAX;
   for (; r < r1; r++) {
     const char *h = row_input(rc, r, buf);
     for (int64_t c0 = 0; c0 < c; c0 += cpg) {
@@ -245,7 +247,10 @@ norma_status norm_row_forward(const norm_geom *g, norm_fwd_mode mode, const norm
   const int64_t tensors = 2 + (a->res != NULL) + (a->sum != NULL);
   jb.store = norm_nt_store(bytes, tensors * bytes, NORM_NT_FOOTPRINT) &&
                      norm_nt_runs(g->c * (int64_t)g->esize) ? BN_STORE_NT : 0;
-  row_ctx rc = {.g = g, .jb = &jb, .fa = a};
+  /* the next rows are prefetched only where the caches do not hold the call: in the caches
+     the prefetches cost more than they gain (pair.py, Zen 5, 2 threads, without / with: [128,
+     768] 1.09x, [8, 128, 768] 1.04x; beyond, [8, 512, 768] 0.90x) */
+  row_ctx rc = {.g = g, .jb = &jb, .fa = a, .pf = tensors * bytes > NORM_CACHED_BYTES};
   const size_t pb = norm_up64((size_t)g->c * 2 * jb.cbytes);
   rc.thr_bytes = a->res && !a->sum ? norm_up64((size_t)g->c * 2 * g->esize) : 0; /* 2 rows */
   char *mem = norm_scratch(0, pb + (size_t)jb.nt * rc.thr_bytes + 64);
