@@ -1520,6 +1520,22 @@ static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
    [1, 64, 16, 16] forward 0.78x, backward 0.91x; InstanceNorm NCHW [1, 32, 16, 16] 0.85x). */
 #define NORM_PAR_PER_SAMPLE 24576
 
+/* BatchNorm inference of channels-last f32 rows of 1-5 KiB (256-1280 channels: the forward
+   kernel's whole rows, FWD_ROW_L1) beyond the caches goes without software prefetch: the
+   hardware's serves the one ascending stream, and the kernel's prefetch of every line stalled
+   it (`perf`: a fifth of 2x111x111x896's samples on the prefetch).  Measured (thirty-eighth
+   session, Zen 5, 2 threads, pair.py --twice, 5 rounds, above 1 without faster): 2x111x111x896
+   1.27x, 8x50x50x640 1.13x, 32x56x56x256 1.16x, 32x28x28x512 1.21x, 16x64x64x384 1.12x,
+   8x40x40x1280 1.10x, 8x50x50x1024 1.05x; not narrower rows (32x112x112x64 1.00x,
+   16x100x100x128 0.98x), wider ones, which go in blocks (8x40x40x1536 0.96x), or bf16
+   (16x56x56x512 0.92x, 8x80x80x896 0.92x). */
+static int infer_rows_no_pf(const norm_job *jb) {
+  const norm_geom *g = jb->g;
+  const int64_t row = g->c * (int64_t)g->esize;
+  return !jb->nsums && jb->rows_form && !g->per_sample && g->dt == NORMA_F32 && row >= 1024 &&
+         row <= 5120;
+}
+
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
@@ -1549,7 +1565,7 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   const int64_t bytes = g->total * (int64_t)g->esize;
-  jb->pf = bytes > NORM_CACHED_BYTES ? BN_PF_AHEAD : 0;
+  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) ? BN_PF_AHEAD : 0;
   jb->seq = bytes > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
   jb->one = norm_bwd_one_row(g, bytes) ? BN_ROWS_ONE : 0;
 }
