@@ -1536,6 +1536,19 @@ static int infer_rows_no_pf(const norm_job *jb) {
          row <= 5120;
 }
 
+/* Likewise the AVX-512 backward of channels-last rows of up to 128 channels far beyond the
+   caches (NORM_SEQ_BYTES): its sums take no prefetch there already, and its apply's walk
+   forwards ran faster without (thirty-eighth session, pair.py --twice, 7 rounds):
+   32x112x112x64 1.08x, 64x56x56x64 1.18x, 32x56x56x128 1.03x, 16x100x100x96 1.04x,
+   64x80x80x32 1.04x, bf16 32x112x112x64 1.05x, ReLU 1.04x; within NORM_SEQ_BYTES the LLC holds
+   part of the tensor and it lost (32x56x56x64, 25.7 MB: 0.95x).  AVX2's rows by fours need the
+   prefetch (k_bwd_sums_rows). */
+static int bwd_narrow_no_pf(const norm_job *jb, int64_t bytes) {
+  const norm_geom *g = jb->g;
+  return jb->dy && jb->rows_form && !g->per_sample && g->c <= 128 && bytes > NORM_SEQ_BYTES &&
+         bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
+}
+
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
@@ -1565,7 +1578,9 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   const int64_t bytes = g->total * (int64_t)g->esize;
-  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) ? BN_PF_AHEAD : 0;
+  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) && !bwd_narrow_no_pf(jb, bytes)
+               ? BN_PF_AHEAD
+               : 0;
   jb->seq = bytes > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
   jb->one = norm_bwd_one_row(g, bytes) ? BN_ROWS_ONE : 0;
 }
