@@ -1548,6 +1548,18 @@ static int bwd_narrow_no_pf(const norm_job *jb, int64_t bytes) {
   return jb->dy && jb->rows_form && !g->per_sample && g->c <= 128 && bytes > NORM_SEQ_BYTES &&
          bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
 }
+/* And the AVX-512 training forward of f32 rows of 1-5 KiB beyond NORM_SEQ_BYTES (statistics
+   and apply): 32x56x56x256 1.09x, 64x56x56x256 1.07x, 8x50x50x640 1.11x, 16x64x64x384 1.03x,
+   2x111x111x896 1.03x, ReLU 32x56x56x256 1.09x, 32x28x28x512 1.00x (pair.py --twice, 7
+   rounds); within it (32x28x28x256 0.99x, 32x14x14x1024 0.97x) and for bf16 (32x28x28x512
+   0.81x) the prefetch stays. */
+static int fwd_rows_no_pf(const norm_job *jb, int64_t bytes) {
+  const norm_geom *g = jb->g;
+  const int64_t row = g->c * (int64_t)g->esize;
+  return jb->nsums == SUMS_STATS && !jb->dy && jb->rows_form && !g->per_sample &&
+         g->dt == NORMA_F32 && row >= 1024 && row <= 5120 && bytes > NORM_SEQ_BYTES &&
+         bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
+}
 
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
@@ -1578,7 +1590,8 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   const int64_t bytes = g->total * (int64_t)g->esize;
-  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) && !bwd_narrow_no_pf(jb, bytes)
+  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) && !bwd_narrow_no_pf(jb, bytes) &&
+                   !fwd_rows_no_pf(jb, bytes)
                ? BN_PF_AHEAD
                : 0;
   jb->seq = bytes > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
