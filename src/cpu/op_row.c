@@ -16,12 +16,12 @@
 
 #define ROW_PREFETCH_MAX 12288 /* most bytes of the forward's next pair of rows prefetched */
 #define ROW_BLOCK 64   /* rows per compute-type accumulation of dgamma / dbeta */
-#define ROW_UNITS 64   /* most row units of the backward (their partials are c doubles x 2) */
-/* The backward's units are four where the rows allow, of at most ROW_BLOCK rows (more only
-   past ROW_UNITS units): each unit sets, fills and hands over 2 c double partials, which the
-   call then combines in order.  With a unit a row (up to 64 units) LayerNorm's backward of
-   [128, 768] spent 70 % of its time on them (a third in the serial combine): 90 us on one
-   thread, against oneDNN's 28 us on two. */
+/* The backward's units of rows (their partials are c doubles x 2): four where the rows allow,
+   of at most ROW_BLOCK rows, more only past ROW_UNITS units.  Each unit sets, fills and hands
+   over 2 c double partials, which the call then combines in order.  With a unit a row (up to
+   64 units) LayerNorm's backward of [128, 768] spent 70 % of its time on them (a third in the
+   serial combine): 90 us on one thread, against oneDNN's 28 us on two. */
+#define ROW_UNITS 64
 /* Values from which the rows' forward and backward run on the threads (BatchNorm's engine:
    NORM_SERIAL_BELOW and bn_threads).  Until the thirty-eighth session all three were
    NORM_SERIAL_BELOW (131072), which left BERT-base's [128, 768] on one thread.  Measured then
