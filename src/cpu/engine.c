@@ -1520,45 +1520,36 @@ static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
    [1, 64, 16, 16] forward 0.78x, backward 0.91x; InstanceNorm NCHW [1, 32, 16, 16] 0.85x). */
 #define NORM_PAR_PER_SAMPLE 24576
 
-/* BatchNorm inference of channels-last f32 rows of 1-5 KiB (256-1280 channels: the forward
-   kernel's whole rows, FWD_ROW_L1) beyond the caches goes without software prefetch: the
-   hardware's serves the one ascending stream, and the kernel's prefetch of every line stalled
-   it (`perf`: a fifth of 2x111x111x896's samples on the prefetch).  Measured (thirty-eighth
-   session, Zen 5, 2 threads, pair.py --twice, 5 rounds, above 1 without faster): 2x111x111x896
-   1.27x, 8x50x50x640 1.13x, 32x56x56x256 1.16x, 32x28x28x512 1.21x, 16x64x64x384 1.12x,
-   8x40x40x1280 1.10x, 8x50x50x1024 1.05x; not narrower rows (32x112x112x64 1.00x,
-   16x100x100x128 0.98x), wider ones, which go in blocks (8x40x40x1536 0.96x), or bf16
-   (16x56x56x512 0.92x, 8x80x80x896 0.92x). */
-static int infer_rows_no_pf(const norm_job *jb) {
+/* Where BatchNorm's channels-last kernels go without software prefetch although the tensor
+   is beyond the caches: the hardware's prefetchers serve their one ascending stream, and the
+   kernels' prefetch of every line stalled it (`perf`: a fifth of the inference of
+   2x111x111x896's samples on the prefetch).  Measured (thirty-eighth session, Zen 5, 2
+   threads, pair.py --twice, 5-7 rounds, above 1 without faster):
+   - an apply alone (inference) of f32 rows of 1-5 KiB (256-1280 channels: the kernel's
+     whole rows, FWD_ROW_L1), any ISA: 2x111x111x896 1.27x, 8x50x50x640 1.13x, 32x56x56x256 1.16x,
+     32x28x28x512 1.21x, 16x64x64x384 1.12x, 8x40x40x1280 1.10x, 8x50x50x1024 1.05x, AVX2
+     1.08-1.16x; not narrower rows (32x112x112x64 1.00x, 16x100x100x128 0.98x), wider ones,
+     which go in blocks (8x40x40x1536 0.96x), or bf16 (16x56x56x512 0.92x, 8x80x80x896 0.92x);
+   - the AVX-512 training forward of the same rows beyond NORM_SEQ_BYTES (statistics and
+     apply): 32x56x56x256 1.09x, 64x56x56x256 1.07x, 8x50x50x640 1.11x, 16x64x64x384 1.03x,
+     2x111x111x896 1.03x, ReLU 32x56x56x256 1.09x, 32x28x28x512 1.00x; within it
+     (32x28x28x256 0.99x, 32x14x14x1024 0.97x) and for bf16 (32x28x28x512 0.81x) not;
+   - the AVX-512 backward of rows of up to 128 channels beyond NORM_SEQ_BYTES (its sums take
+     no prefetch there already; its apply walks forwards): 32x112x112x64 1.08x, 64x56x56x64
+     1.18x, 32x56x56x128 1.03x, 16x100x100x96 1.04x, 64x80x80x32 1.04x, bf16 32x112x112x64
+     1.05x, ReLU 1.04x; within NORM_SEQ_BYTES the LLC holds part of the tensor and it lost
+     (32x56x56x64, 25.7 MB: 0.95x).  AVX2's rows by fours need the prefetch (k_bwd_sums_rows);
+     wider rows' backward too (all prefetch off: 32x56x56x256 0.94x, 8x93x93x576 0.875x). */
+static int rows_no_prefetch(const norm_job *jb, int64_t bytes) {
   const norm_geom *g = jb->g;
+  if (!jb->rows_form || g->per_sample) return 0;
   const int64_t row = g->c * (int64_t)g->esize;
-  return !jb->nsums && jb->rows_form && !g->per_sample && g->dt == NORMA_F32 && row >= 1024 &&
-         row <= 5120;
-}
-
-/* Likewise the AVX-512 backward of channels-last rows of up to 128 channels far beyond the
-   caches (NORM_SEQ_BYTES): its sums take no prefetch there already, and its apply's walk
-   forwards ran faster without (thirty-eighth session, pair.py --twice, 7 rounds):
-   32x112x112x64 1.08x, 64x56x56x64 1.18x, 32x56x56x128 1.03x, 16x100x100x96 1.04x,
-   64x80x80x32 1.04x, bf16 32x112x112x64 1.05x, ReLU 1.04x; within NORM_SEQ_BYTES the LLC holds
-   part of the tensor and it lost (32x56x56x64, 25.7 MB: 0.95x).  AVX2's rows by fours need the
-   prefetch (k_bwd_sums_rows). */
-static int bwd_narrow_no_pf(const norm_job *jb, int64_t bytes) {
-  const norm_geom *g = jb->g;
-  return jb->dy && jb->rows_form && !g->per_sample && g->c <= 128 && bytes > NORM_SEQ_BYTES &&
-         bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
-}
-/* And the AVX-512 training forward of f32 rows of 1-5 KiB beyond NORM_SEQ_BYTES (statistics
-   and apply): 32x56x56x256 1.09x, 64x56x56x256 1.07x, 8x50x50x640 1.11x, 16x64x64x384 1.03x,
-   2x111x111x896 1.03x, ReLU 32x56x56x256 1.09x, 32x28x28x512 1.00x (pair.py --twice, 7
-   rounds); within it (32x28x28x256 0.99x, 32x14x14x1024 0.97x) and for bf16 (32x28x28x512
-   0.81x) the prefetch stays. */
-static int fwd_rows_no_pf(const norm_job *jb, int64_t bytes) {
-  const norm_geom *g = jb->g;
-  const int64_t row = g->c * (int64_t)g->esize;
-  return jb->nsums == SUMS_STATS && !jb->dy && jb->rows_form && !g->per_sample &&
-         g->dt == NORMA_F32 && row >= 1024 && row <= 5120 && bytes > NORM_SEQ_BYTES &&
-         bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
+  const int f32_rows = g->dt == NORMA_F32 && row >= 1024 && row <= 5120;
+  const int far512 =
+      bytes > NORM_SEQ_BYTES && bn_ukernels_isa(norma__isa(), g->dt) == NORMA_ISA_AVX512;
+  return (!jb->nsums && f32_rows) ||                               /* an apply alone */
+         (jb->nsums == SUMS_STATS && !jb->dy && f32_rows && far512) || /* training forward */
+         (jb->dy && g->c <= 128 && far512);                           /* backward */
 }
 
 void norm_plan_job(norm_job *jb) {
@@ -1566,7 +1557,8 @@ void norm_plan_job(norm_job *jb) {
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
   jb->act = g->act;
   norm_job_kernels(jb);
-  jb->nt = g->per_sample ? (g->total < NORM_PAR_PER_SAMPLE ? 1 : norma__threads()) : bn_threads(jb);
+  jb->nt = g->per_sample ? (g->total < NORM_PAR_PER_SAMPLE ? 1 : norma__threads())
+                         : bn_threads(jb);
   jb->unit = g->c;
   if (g->per_sample) {
     plan_per_sample(jb);
@@ -1590,10 +1582,7 @@ void norm_plan_job(norm_job *jb) {
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
   const int64_t bytes = g->total * (int64_t)g->esize;
-  jb->pf = bytes > NORM_CACHED_BYTES && !infer_rows_no_pf(jb) && !bwd_narrow_no_pf(jb, bytes) &&
-                   !fwd_rows_no_pf(jb, bytes)
-               ? BN_PF_AHEAD
-               : 0;
+  jb->pf = bytes > NORM_CACHED_BYTES && !rows_no_prefetch(jb, bytes) ? BN_PF_AHEAD : 0;
   jb->seq = bytes > NORM_SEQ_BYTES ? BN_ROWS_SEQ : 0;
   jb->one = norm_bwd_one_row(g, bytes) ? BN_ROWS_ONE : 0;
 }

@@ -375,7 +375,8 @@ norma_status norm_row_backward(const norm_geom *g, norm_bwd_mode mode, const nor
   norm_parallel_for(&jb, nunits, bwd_units, &rc);
   if (grads) { /* the units' partials in unit order, into unit 0's */
     const int64_t blocks = (2 * g->c + 63) / 64;
-    if (jb.nt > 1 && nunits * 2 * g->c >= ROW_COMBINE_PAR) norm_parallel_for(&jb, blocks, combine_units, &rc);
+    if (jb.nt > 1 && nunits * 2 * g->c >= ROW_COMBINE_PAR)
+      norm_parallel_for(&jb, blocks, combine_units, &rc);
     else combine_units(&jb, 0, blocks, &rc);
     const double *p0 = rc.part;
     for (int64_t j = 0; j < g->c; j++) {

@@ -7,9 +7,10 @@
  * RELU / SILU in both layouts; InstanceNorm training (with running statistics), inference and
  * backward in both layouts; every dtype.  The ops run serially below 24576-49152 values
  * (GroupNorm / InstanceNorm on the engine from 24576; LayerNorm / RMSNorm rows from 32768 and
- * 49152 forward, 40960 backward), so the shapes are mostly larger than that (LN 300 x 1024 and 301 x 1030, GN N=3 C=64 G=8 spatial
- * 56*56, GN on [600, 64], IN N=2 C=32 spatial 33*33) - where the thread count changes how the
- * engine cuts the work (units, row ranges) - plus a few small ones.  Also: the ops called
+ * 49152 forward, 40960 backward), so the shapes are mostly larger than that (LN 300 x 1024
+ * and 301 x 1030, GN N=3 C=64 G=8 spatial 56*56, GN on [600, 64], IN N=2 C=32 spatial 33*33)
+ * - where the thread count changes how the engine cuts the work (units, row ranges) - plus a
+ * few small ones.  Also: the ops called
  * concurrently from four application threads on disjoint data give the results of the same
  * calls made one after the other.
  */
