@@ -1249,8 +1249,22 @@ static int cf_split_streams(const norm_job *jb) {
    gained in the machine's fast phase (2x1280x7x7 1.25x, 1x1280x10x10 1.21x) and lost in its
    slow one (0.85x, 0.84x; not explained).  Not two units per thread (4x1280x6x6, units of
    320: 0.0514 / 0.0562), nor beyond the budget (1x768x10x18, units of 384: 0.0334 / 0.0556).
-   Both schedules give the same bits. */
-static int bwd_unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
+   Both schedules give the same bits.
+   The training forward of at most NORM_FWD_FEW_ROWS rows takes a unit per thread too: the
+   split schedule has every thread combine and finalize all channels after its barrier (a
+   division and a square root in double per channel), which with few rows outweighs the rows'
+   own work (1x1536x5x5, one thread: fwd_stats, fwd_tail and norm_fwd_consts 30 % of the
+   call).  Measured (Zen 5, 2 threads, f32, pair.py, 6-8 rounds, a unit per thread against the
+   split schedule): NHWC 1x1536x5x5 1.58x, 1x2048x5x5 1.94x, 1x1536x7x7 1.46x, 1x2048x7x7
+   1.29x, 1x1152x7x7 1.22x, 1x1088x7x7 1.12x, 2x1536x7x7 1.10x, 1x1536x10x10 1.12x, [32, 2048]
+   1.64x, [64, 2048] 1.47x, [64, 1536] 1.29x, [128, 1536] 1.14x; at 196 rows it lost
+   (4x1152x7x7 0.84x).  Not for f32 rows a multiple of 4 KiB apart read in pieces narrower
+   than 4 KiB (1x1024x7x7 0.44-0.83x, 2x1024x5x5 0.42-0.81x, [64, 1024] 0.68-0.78x): each
+   piece meets the stores to the row above on their 4 KiB offset (see ALIAS_ROWS in
+   ukernels_vec.inc).  16-bit rows of 4 KiB gained all the same (bf16 1x2048x5x5 1.50x): twice
+   the channels a byte, twice the finalize saved. */
+#define NORM_FWD_FEW_ROWS 128
+static int unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
   const norm_geom *g = jb->g;
   const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
   if (w >= g->c || (g->c + w - 1) / w != nt || w * (int64_t)g->esize < min_piece() ||
@@ -1299,6 +1313,12 @@ static int plan_bn(norm_job *jb) {
     while (w > line && (g->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
   }
   jb->unit = w;
+  if (jb->nsums == SUMS_STATS && jb->nt > 1 && g->m <= NORM_FWD_FEW_ROWS &&
+      unit_per_thread(jb, line, per_channel, budget)) {
+    const int64_t row = g->c * (int64_t)g->esize, piece = jb->unit * (int64_t)g->esize;
+    if (g->esize < 4 || row % 4096 != 0 || piece >= 4096) return 1;
+    jb->unit = w;
+  }
   /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
      short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
      whole rows or pieces of at least 2 KiB */
@@ -1316,7 +1336,7 @@ static int plan_bn(norm_job *jb) {
      (1x2048x7x7 0.023 / 0.031, 3x2048x7x7 0.067 / 0.073). */
   if (jb->nsums == SUMS_STATS && jb->nt > 1 && (g->c + w - 1) / w < 3 * (int64_t)jb->nt) return 0;
   if (use_fused(jb, (g->c + w - 1) / w)) return 1;
-  return jb->nsums == SUMS_BWD && bwd_unit_per_thread(jb, line, per_channel, budget);
+  return jb->nsums == SUMS_BWD && unit_per_thread(jb, line, per_channel, budget);
 }
 
 /* BatchNorm inference in rows form with few rows and many channels, in the caches: units of
