@@ -1250,7 +1250,8 @@ static int cf_split_streams(const norm_job *jb) {
    slow one (0.85x, 0.84x; not explained).  Not two units per thread (4x1280x6x6, units of
    320: 0.0514 / 0.0562), nor beyond the budget (1x768x10x18, units of 384: 0.0334 / 0.0556).
    Both schedules give the same bits.
-   The training forward of at most NORM_FWD_FEW_ROWS rows takes a unit per thread too: the
+   The training forward of at most NORM_FEW_ROWS rows takes a unit per thread too (and the
+   backward's units are not refused for their short pieces, plan_bn): the
    split schedule has every thread combine and finalize all channels after its barrier (a
    division and a square root in double per channel), which with few rows outweighs the rows'
    own work (1x1536x5x5, one thread: fwd_stats, fwd_tail and norm_fwd_consts 30 % of the
@@ -1263,7 +1264,7 @@ static int cf_split_streams(const norm_job *jb) {
    piece meets the stores to the row above on their 4 KiB offset (see ALIAS_ROWS in
    ukernels_vec.inc).  16-bit rows of 4 KiB gained all the same (bf16 1x2048x5x5 1.50x): twice
    the channels a byte, twice the finalize saved. */
-#define NORM_FWD_FEW_ROWS 128
+#define NORM_FEW_ROWS 128
 static int unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
   const norm_geom *g = jb->g;
   const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
@@ -1313,7 +1314,7 @@ static int plan_bn(norm_job *jb) {
     while (w > line && (g->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
   }
   jb->unit = w;
-  if (jb->nsums == SUMS_STATS && jb->nt > 1 && g->m <= NORM_FWD_FEW_ROWS &&
+  if (jb->nsums == SUMS_STATS && jb->nt > 1 && g->m <= NORM_FEW_ROWS &&
       unit_per_thread(jb, line, per_channel, budget)) {
     const int64_t row = g->c * (int64_t)g->esize, piece = jb->unit * (int64_t)g->esize;
     if (g->esize < 4 || row % 4096 != 0 || piece >= 4096) return 1;
@@ -1326,8 +1327,14 @@ static int plan_bn(norm_job *jb) {
     return 0;
   /* one unit per thread, read in pieces under 4 KiB: the split schedule, whose threads take
      whole rows, was faster (Zen 5, 2 threads, f32, forward NHWC 1x1024x14x14 and 4x1024x7x7:
-     units of 656 and 368 channels, 1.38x; [64, 4096], units of 8 KiB pieces, 0.68x) */
-  if ((g->c + w - 1) / w <= jb->nt && w * (int64_t)g->esize < 2 * min_piece()) return 0;
+     units of 656 and 368 channels, 1.38x; [64, 4096], units of 8 KiB pieces, 0.68x).  Not the
+     backward of at most NORM_FEW_ROWS rows, whose split schedule finalizes every channel on
+     every thread (see unit_per_thread): paired, fused against split (Zen 5, 2 threads, f32),
+     NHWC 1x1024x7x7 1.23-1.42x, 2x1024x7x7 1.34x, 1x1024x10x10 1.05x, [32, 1024] 1.51x,
+     [64, 1024] 1.22x, [128, 1024] 1.12x. */
+  if ((g->c + w - 1) / w <= jb->nt && w * (int64_t)g->esize < 2 * min_piece() &&
+      !(jb->nsums == SUMS_BWD && g->m <= NORM_FEW_ROWS))
+    return 0;
   /* The forward with two units per thread: split.  Measured (Zen 5, 2 threads, f32, ms, best
      of 3 medians, fused / split): 4 units, NHWC 4x1792x7x7 0.064 / 0.047, 4x2048x7x7 0.062 /
      0.054, 3x2048x7x7 0.052 / 0.047, [256, 2048] 0.078 / 0.063, [128, 2048] 0.042 / 0.037,
