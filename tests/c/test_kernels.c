@@ -378,8 +378,8 @@ int main(void) {
   shapes[ns++] = (shape){4, 301, 144};
   /* few rows of many channels: inference in units of channels, one per thread */
   shapes[ns++] = (shape){17, 8200, 1};
-  /* and the backward's unit per thread (unit_per_thread in engine.c: 90 rows of 1360
-     channels, units of 688 and 672 on 2 threads) */
+  /* and a unit per thread (unit_per_thread in engine.c, the backward's and the forward's of
+     at most 128 rows: 90 rows of 1360 channels, units of 688 and 672 on 2 threads) */
   shapes[ns++] = (shape){1, 1360, 90};
 
   /* How much of dtype x layout x variant runs on a shape, by its element count:
