@@ -1251,19 +1251,19 @@ static int cf_split_streams(const norm_job *jb) {
    320: 0.0514 / 0.0562), nor beyond the budget (1x768x10x18, units of 384: 0.0334 / 0.0556).
    Both schedules give the same bits.
    The training forward of at most NORM_FEW_ROWS rows takes a unit per thread too (and the
-   backward's units are not refused for their short pieces, plan_bn): the
-   split schedule has every thread combine and finalize all channels after its barrier (a
-   division and a square root in double per channel), which with few rows outweighs the rows'
-   own work (1x1536x5x5, one thread: fwd_stats, fwd_tail and norm_fwd_consts 30 % of the
-   call).  Measured (Zen 5, 2 threads, f32, pair.py, 6-8 rounds, a unit per thread against the
-   split schedule): NHWC 1x1536x5x5 1.58x, 1x2048x5x5 1.94x, 1x1536x7x7 1.46x, 1x2048x7x7
-   1.29x, 1x1152x7x7 1.22x, 1x1088x7x7 1.12x, 2x1536x7x7 1.10x, 1x1536x10x10 1.12x, [32, 2048]
-   1.64x, [64, 2048] 1.47x, [64, 1536] 1.29x, [128, 1536] 1.14x; at 196 rows it lost
-   (4x1152x7x7 0.84x).  Not for f32 rows a multiple of 4 KiB apart read in pieces narrower
-   than 4 KiB (1x1024x7x7 0.44-0.83x, 2x1024x5x5 0.42-0.81x, [64, 1024] 0.68-0.78x): each
-   piece meets the stores to the row above on their 4 KiB offset (see ALIAS_ROWS in
-   ukernels_vec.inc).  16-bit rows of 4 KiB gained all the same (bf16 1x2048x5x5 1.50x): twice
-   the channels a byte, twice the finalize saved. */
+   backward's units are not refused for their short pieces, plan_bn): the split schedule has every
+   thread combine and finalize all channels after its barrier (a division and a square root in
+   double per channel), which with few rows outweighs the rows' own work (1x1536x5x5, one thread:
+   fwd_stats, fwd_tail and norm_fwd_consts 30 % of the call).  Measured (Zen 5, 2 threads, f32,
+   pair.py, 6-8 rounds, a unit per thread against the split schedule): NHWC 1x1536x5x5 1.58x,
+   1x2048x5x5 1.94x, 1x1536x7x7 1.46x, 1x2048x7x7 1.29x, 1x1152x7x7 1.22x, 1x1088x7x7 1.12x,
+   2x1536x7x7 1.10x, 1x1536x10x10 1.12x, [32, 2048] 1.64x, [64, 2048] 1.47x, [64, 1536] 1.29x,
+   [128, 1536] 1.14x; at 196 rows it lost (4x1152x7x7 0.84x).  Not for f32 rows a multiple of
+   4 KiB apart read in pieces narrower than 4 KiB (1x1024x7x7 0.44-0.83x, 2x1024x5x5
+   0.42-0.81x, [64, 1024] 0.68-0.78x): perf put the time on the apply's stores, every row's
+   piece on the same 4 KiB offsets (see ALIAS_ROWS in ukernels_vec.inc; the mechanism is not
+   proven).  16-bit rows of 4 KiB gained all the same (bf16 1x2048x5x5 1.50x): twice the
+   channels a byte, twice the finalize saved. */
 #define NORM_FEW_ROWS 128
 static int unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
   const norm_geom *g = jb->g;

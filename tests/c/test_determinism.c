@@ -247,7 +247,7 @@ int main(void) {
   /* few rows of many channels: the backward's unit per thread (688 + 672 channels on 2
      threads; units of 512 on 1 thread, the split schedule on 3 and 4) */
   det_case(1, 1360, 90, NORMA_CHANNELS_LAST, NORMA_F32, 0, 66, 0.0);
-  /* and the training forward's (at most NORM_FWD_FEW_ROWS rows): 768 channels a thread on 2
+  /* and the training forward's (at most NORM_FEW_ROWS rows, engine.c): 768 channels a thread on 2
      threads with the residual; bf16 rows of 4 KiB, 1024 channels a thread (f32 rows of 4 KiB
      keep the split schedule) */
   det_case(1, 1536, 25, NORMA_CHANNELS_LAST, NORMA_F32, NORMA_BN_ADD_RELU, 67, 0.0);
