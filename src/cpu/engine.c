@@ -1265,14 +1265,15 @@ static int cf_split_streams(const norm_job *jb) {
    proven).  16-bit rows of 4 KiB gained all the same (bf16 1x2048x5x5 1.50x): twice the
    channels a byte, twice the finalize saved. */
 #define NORM_FEW_ROWS 128
-static int unit_per_thread(norm_job *jb, int64_t line, double per_channel, int64_t budget) {
+/* the channels of a unit per thread, or 0 where such units do not fit */
+static int64_t unit_per_thread(const norm_job *jb, int64_t line, double per_channel,
+                               int64_t budget) {
   const norm_geom *g = jb->g;
   const int64_t nt = jb->nt, w = ((g->c + nt - 1) / nt + line - 1) / line * line;
   if (w >= g->c || (g->c + w - 1) / w != nt || w * (int64_t)g->esize < min_piece() ||
       (double)w * per_channel > (double)budget)
     return 0;
-  jb->unit = w;
-  return 1;
+  return w;
 }
 
 static int plan_bn(norm_job *jb) {
@@ -1314,11 +1315,13 @@ static int plan_bn(norm_job *jb) {
     while (w > line && (g->c + w - 1) / w < jb->nt) w -= line; /* a unit for every thread */
   }
   jb->unit = w;
-  if (jb->nsums == SUMS_STATS && jb->nt > 1 && g->m <= NORM_FEW_ROWS &&
-      unit_per_thread(jb, line, per_channel, budget)) {
-    const int64_t row = g->c * (int64_t)g->esize, piece = jb->unit * (int64_t)g->esize;
-    if (g->esize < 4 || row % 4096 != 0 || piece >= 4096) return 1;
-    jb->unit = w;
+  if (jb->nsums == SUMS_STATS && jb->nt > 1 && g->m <= NORM_FEW_ROWS) {
+    const int64_t wt = unit_per_thread(jb, line, per_channel, budget);
+    const int64_t row = g->c * (int64_t)g->esize, piece = wt * (int64_t)g->esize;
+    if (wt && (g->esize < 4 || row % 4096 != 0 || piece >= 4096)) {
+      jb->unit = wt;
+      return 1;
+    }
   }
   /* a unit narrower than the row reads each row in a piece, far from the last: memory serves
      short pieces poorly (measured: 64-byte pieces are slower than two streaming passes), so
@@ -1343,7 +1346,9 @@ static int plan_bn(norm_job *jb) {
      (1x2048x7x7 0.023 / 0.031, 3x2048x7x7 0.067 / 0.073). */
   if (jb->nsums == SUMS_STATS && jb->nt > 1 && (g->c + w - 1) / w < 3 * (int64_t)jb->nt) return 0;
   if (use_fused(jb, (g->c + w - 1) / w)) return 1;
-  return jb->nsums == SUMS_BWD && unit_per_thread(jb, line, per_channel, budget);
+  const int64_t wt = jb->nsums == SUMS_BWD ? unit_per_thread(jb, line, per_channel, budget) : 0;
+  if (wt) jb->unit = wt;
+  return wt != 0;
 }
 
 /* BatchNorm inference in rows form with few rows and many channels, in the caches: units of
