@@ -253,5 +253,28 @@ int main(void) {
             compare(what, run_bn, &d, dt, n * c * s, c, c, seed++);
           }
   special_s = 0;
+  /* channels-last tensors beyond NORM_SEQ_BYTES (32 MiB), whose backward sums go in address
+     order: rows of 48 channels (AVX2 by fours, AVX-512 in its one strip), 200 (both a row at
+     a time) and 300 (a row at a time; in the caches AVX-512's strips and AVX2's rows by
+     fours); an odd number of rows, so that the rows of 200 and 300 channels, which end inside
+     a line, stay as they are (no wide view); bf16's rows of 48 channels take the wide view's
+     rows of 96 (op_bn.c, wide_factor) */
+  if (!tu_quick()) {
+    const int64_t far_c[] = {48, 200, 300}, far_n[] = {17, 5, 3}, far_n16[] = {34, 9, 7};
+    const int64_t s = 10609;
+    for (int di = 0; di < 3; di += 2)
+      for (size_t ci = 0; ci < sizeof far_c / sizeof far_c[0]; ci++) {
+        const norma_dtype dt = dts[di];
+        const int64_t c = far_c[ci], n = dt == NORMA_F32 ? far_n[ci] : far_n16[ci];
+        const unsigned bnf[] = {0, NORMA_BN_ADD_RELU};
+        for (int f = 0; f < 2; f++) {
+          norma_bn_desc d = {n, c, s, NORMA_CHANNELS_LAST, dt, 1e-5, bnf[f]};
+          snprintf(what, sizeof what, "bn %s channels_last beyond the caches n=%lld c=%lld "
+                   "s=%lld flags=%u", tu_dt_name(dt), (long long)n, (long long)c,
+                   (long long)s, bnf[f]);
+          compare(what, run_bn, &d, dt, n * c * s, c, c, seed++);
+        }
+      }
+  }
   return tu_finish("test_isa_equal");
 }
