@@ -1,23 +1,24 @@
 /* test_rows_order.c - the channels-last kernels give the same bits whatever order they walk
  * memory in.  Far beyond the caches (flag BN_ROWS_SEQ) the backward's sums read whole rows one
- * after the other (ukernels_vec.inc, bwd_sums_seq); else they take strips of a row (AVX-512)
- * or rows by fours.  Rows of fewer than BN_SEQ_ONE_MIN channels keep the rows-by-fours
- * arithmetic, so each ISA's bwd_sums_rows is called on the same block with and without the
- * flags and the sums compared bit for bit: f32 / bf16 / f16, every activation, widths with
- * every tail of 8 and 16 lanes (1 .. 1024 channels, and 1040, which the sequential walk does
- * not take), row counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Rows of
- * BN_SEQ_ONE_MIN to BN_SEQ_SUMS_MAX channels add a row at a time under the flag: their sums
- * are checked bit for bit against that arithmetic done here in scalar f32 (fmaf where the
- * kernels fuse), which every vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test does
- * not model, against the sums without the flag within rounding).  Under the flag, the sums of
- * blocks of 48 channels of the rows (as the engine's threads may split them) must be those of
- * the whole rows, bit for bit, at every width.  Likewise the backward's
- * apply (bwd_rows, dx and dresidual), which walks a row at a time in address order under the
- * flag, and with streaming stores a row at a time under BN_ROWS_ONE (rows by fours without
- * it on AVX-512), and with streaming stores against ordinary ones on rows that end inside a
- * line (every row's stores on the line); and the
- * channels-first statistics of consecutive runs (stats_runs) against one run at a time, and
- * those of consecutive channels (stats_chans, and the backward's bwd_sums_chans) against one channel at a time, on every table.  The baseline table takes no flag; an ISA the CPU lacks is said and skipped.
+ * after the other (ukernels_vec.inc, bwd_sums_seq); else they take strips of a row (AVX-512) or
+ * rows by fours.  Rows of fewer than BN_SEQ_ONE_MIN channels keep the rows-by-fours arithmetic,
+ * so each ISA's bwd_sums_rows is called on the same block with and without the flags and the
+ * sums compared bit for bit: f32 / bf16 / f16, every activation, widths with every tail of 8
+ * and 16 lanes (1 .. 1024 channels, and 1040, which the sequential walk does not take), row
+ * counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Rows of BN_SEQ_ONE_MIN to
+ * BN_SEQ_SUMS_MAX channels add a row at a time under the flag: their sums are checked bit for
+ * bit against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which
+ * every vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test
+ * does not model, against the sums without the flag within rounding).  Under the flag, the sums
+ * of blocks of 48 channels of the rows (as the engine's threads may split them) must be those
+ * of the whole rows, bit for bit, at every width. Likewise the backward's apply (bwd_rows, dx
+ * and dresidual), which walks a row at a time in address order under the flag, and with
+ * streaming stores a row at a time under BN_ROWS_ONE (rows by fours without it on AVX-512), and
+ * with streaming stores against ordinary ones on rows that end inside a line (every row's
+ * stores on the line); and the channels-first statistics of consecutive runs (stats_runs)
+ * against one run at a time, and those of consecutive channels (stats_chans, and the backward's
+ * bwd_sums_chans) against one channel at a time, on every table.  The baseline table takes no
+ * flag; an ISA the CPU lacks is said and skipped.
  */
 #include "cpu.h"
 #include "cpu/ukernels.h"
