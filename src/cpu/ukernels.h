@@ -56,7 +56,7 @@
 #define BN_PF_AHEAD 0x800
 /* or-ed into the `act` argument of bwd_sums_rows and bwd_rows: the tensor is far beyond the
    caches (NORM_SEQ_BYTES), so the kernels read whole rows in address order (ukernels_vec.inc,
-   "rows in address order"): the apply where the rows have up to BN_SEQ_FOURS_MAX channels
+   "rows in address order"): the apply where the rows have up to BN_SEQ_APPLY_MAX channels
    (AVX-512: up to its strips' widest rows, BSTRIP_MAX), the sums where they have up to
    BN_SEQ_SUMS_MAX.  The bits are those without it, except the sums of rows of
    BN_SEQ_ONE_MIN to BN_SEQ_SUMS_MAX channels, which add a row at a time in f32 within each
@@ -64,7 +64,7 @@
    vector ISA, whatever part of the rows a call takes (the row's width ld decides, not the
    call's channels nc) */
 #define BN_ROWS_SEQ 0x1000
-#define BN_SEQ_FOURS_MAX 256
+#define BN_SEQ_APPLY_MAX 256
 #define BN_SEQ_ROW_MIN 481 /* past the widest rows of AVX-512's strips (BSTRIP_MAX) */
 #define BN_SEQ_SUMS_MAX 1024
 #define BN_SEQ_ONE_MIN 65 /* past AVX-512's one strip (RSTRIP vectors) */
