@@ -317,7 +317,8 @@ static bench_status run_ln(const bench_case *k, int warmup, int reps, bench_timi
   if (!steps) FAIL(BENCH_ERROR, "out of memory");
   dnnl_memory_desc_t md, smd, pmd;
   dnnl_dims_t dims = {k->n, k->c}, sdims = {k->n}, pdims = {k->c};
-  if (dnnl_memory_desc_init_by_tag(&md, 2, dims, to_dnnl_dtype(k->dtype), dnnl_ab) != dnnl_success ||
+  if (dnnl_memory_desc_init_by_tag(&md, 2, dims, to_dnnl_dtype(k->dtype), dnnl_ab) !=
+          dnnl_success ||
       dnnl_memory_desc_init_by_tag(&smd, 1, sdims, dnnl_f32, dnnl_a) != dnnl_success ||
       dnnl_memory_desc_init_by_tag(&pmd, 1, pdims, dnnl_f32, dnnl_a) != dnnl_success)
     FAIL(BENCH_ERROR, "dnnl_memory_desc_init_by_tag failed");
@@ -455,7 +456,8 @@ static bench_status run_in(const bench_case *k, int warmup, int reps, bench_timi
   float *dsh = bwd ? (float *)res_alloc(&r, (size_t)(n * c) * sizeof(float)) : NULL;
   float *dgamma = bwd ? (float *)res_alloc(&r, (size_t)c * sizeof(float)) : NULL;
   float *dbeta = bwd ? (float *)res_alloc(&r, (size_t)c * sizeof(float)) : NULL;
-  if (!x || !y || !gam || !bet || !mean || !var || (bwd && (!dy || !dx || !dsc || !dsh || !dgamma || !dbeta)))
+  if (!x || !y || !gam || !bet || !mean || !var ||
+      (bwd && (!dy || !dx || !dsc || !dsh || !dgamma || !dbeta)))
     FAIL(BENCH_ERROR, "out of memory");
   bench_fill(x, count, k->dtype, 1, -1.0f, 1.0f);
   if (bwd) bench_fill(dy, count, k->dtype, 3, -1.0f, 1.0f);

@@ -78,8 +78,8 @@ typedef enum norma_status {
   NORMA_ERR_INVALID_ARGUMENT = 1, /* NULL where required, bad enum, size <= 0, eps < 0, overflow */
   NORMA_ERR_UNSUPPORTED = 2,      /* valid but not implemented */
   NORMA_ERR_OUT_OF_MEMORY = 3,
-  NORMA_ERR_NONFINITE = 4,        /* only with NORMA_CHECK_FINITE: NaN/Inf seen, outputs untouched */
-  NORMA_ERR_COMMUNICATION = 5     /* SyncBN collective failed */
+  NORMA_ERR_NONFINITE = 4,    /* only with NORMA_CHECK_FINITE: NaN/Inf seen, outputs untouched */
+  NORMA_ERR_COMMUNICATION = 5 /* SyncBN collective failed */
 } norma_status;
 
 /* A static, human-readable name for s ("NORMA_OK", ...); "unknown status" for other values. */
@@ -151,7 +151,12 @@ NORMA_API norma_status norma_set_streaming_stores(int64_t min_bytes, int64_t max
 /* BatchNorm                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum norma_dtype { NORMA_F32 = 0, NORMA_F64 = 1, NORMA_F16 = 2, NORMA_BF16 = 3 } norma_dtype;
+typedef enum norma_dtype {
+  NORMA_F32 = 0,
+  NORMA_F64 = 1,
+  NORMA_F16 = 2,
+  NORMA_BF16 = 3
+} norma_dtype;
 
 typedef enum norma_layout {
   NORMA_CHANNELS_FIRST = 0, /* [N, C, spatial...]: NCHW, NCDHW, and [N, C] with spatial = 1 */
@@ -163,11 +168,11 @@ enum {
   NORMA_BN_ADD_RELU = 1u << 1,           /* y = max(0, bn(x) + residual) */
   NORMA_BN_BIASED_RUNNING_VAR = 1u << 2, /* running_var from the biased batch variance (ONNX) */
   NORMA_CHECK_FINITE = 1u << 3,          /* scan inputs first; NaN/Inf -> NORMA_ERR_NONFINITE */
-  NORMA_BN_GLOBAL_STATS = 1u << 4,       /* backward: save_mean/save_invstd are constants (frozen BN) */
-  NORMA_SILU = 1u << 5,                  /* GroupNorm / InstanceNorm: y = z * sigmoid(z) */
-  NORMA_BN_COUNT_WEIGHTED = 1u << 6,     /* running statistics weighted by batch sizes (see
-                                            norma_bn_running_update) */
-  NORMA_RELU = NORMA_BN_RELU             /* the norm family's spelling of the ReLU flag */
+  NORMA_BN_GLOBAL_STATS = 1u << 4,   /* backward: save_mean/save_invstd are constants (frozen BN) */
+  NORMA_SILU = 1u << 5,              /* GroupNorm / InstanceNorm: y = z * sigmoid(z) */
+  NORMA_BN_COUNT_WEIGHTED = 1u << 6, /* running statistics weighted by batch sizes (see
+                                        norma_bn_running_update) */
+  NORMA_RELU = NORMA_BN_RELU         /* the norm family's spelling of the ReLU flag */
 };
 
 typedef struct norma_bn_desc {

@@ -134,7 +134,8 @@ static void coll_times(ctx *c, int per_channel, double *ag, double *ar, double *
   const int64_t seg0_ch = SEG0_DATA / 8 / per_channel;
   size_t bytes[2] = {REC_HDR + SEG0_DATA, 0};
   int nrec = 1;
-  if (c->d.c > seg0_ch) bytes[1] = REC_HDR + (size_t)(8 * per_channel * (c->d.c - seg0_ch)), nrec = 2;
+  if (c->d.c > seg0_ch)
+    bytes[1] = REC_HDR + (size_t)(8 * per_channel * (c->d.c - seg0_ch)), nrec = 2;
   *ag = *ar = *used = 0.0;
   which[0] = 0;
   for (int r = 0; r < nrec; r++) {

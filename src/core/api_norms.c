@@ -56,7 +56,9 @@ static norma_status check_layout(const char *fn, norma_layout l) {
 }
 
 static int act_of(unsigned flags) {
-  return (flags & NORMA_SILU) ? NORM_ACT_SILU : (flags & NORMA_RELU) ? NORM_ACT_RELU : NORM_ACT_NONE;
+  return (flags & NORMA_SILU)   ? NORM_ACT_SILU
+         : (flags & NORMA_RELU) ? NORM_ACT_RELU
+                                : NORM_ACT_NONE;
 }
 
 static norma_status ln_geom(const char *fn, const norma_ln_desc *d, int rms, norm_geom *g) {

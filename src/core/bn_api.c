@@ -206,7 +206,8 @@ norma_status norma_bn_backward(const norma_bn_desc *d, const void *x, const void
   TRY(bn_require(fn, "dx", dx));
   if (p.act != BN_ACT_NONE) {
     TRY(bn_require(fn, "x (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU)", x));
-    TRY(bn_require(fn, "y (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU: the mask is y > 0)", y));
+    TRY(bn_require(fn, "y (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU: the mask is y > 0)",
+                   y));
   } else if (!x) {
     TRY(bn_require(fn, "y (required when x is NULL: x_hat is recovered from y)", y));
   } else {

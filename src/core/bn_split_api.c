@@ -68,7 +68,8 @@ norma_status norma_bn_moments_accumulate(norma_dtype dtype, int64_t rows, int64_
                                          double *m2) {
   static const char fn[] = "norma_bn_moments_accumulate";
   const norma_status bad = NORMA_ERR_INVALID_ARGUMENT;
-  if (!valid_dtype(dtype)) return norma__fail(bad, "%s: dtype is not a norma_dtype (got %d)", fn, (int)dtype);
+  if (!valid_dtype(dtype))
+    return norma__fail(bad, "%s: dtype is not a norma_dtype (got %d)", fn, (int)dtype);
   if (rows < 0) return norma__fail(bad, "%s: rows must be >= 0 (got %lld)", fn, (long long)rows);
   if (channels <= 0)
     return norma__fail(bad, "%s: channels must be > 0 (got %lld)", fn, (long long)channels);
@@ -127,7 +128,8 @@ norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, double *mean_a,
                                     const double *m2_b) {
   static const char fn[] = "norma_bn_moments_merge";
   if (c <= 0)
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c must be > 0 (got %lld)", fn, (long long)c);
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: c must be > 0 (got %lld)", fn,
+                       (long long)c);
   TRY(bn_require(fn, "count_a", count_a));
   TRY(bn_require(fn, "mean_a", mean_a));
   TRY(bn_require(fn, "m2_a", m2_a));
@@ -155,7 +157,8 @@ norma_status norma_bn_moments_merge(int64_t c, int64_t *count_a, double *mean_a,
                          (long long)j, (long long)j, (long long)count_a[j],
                          (long long)count_b[j]);
   }
-  for (int64_t j = 0; j < c; j++) chan_merge(&count_a[j], &mean_a[j], &m2_a[j], count_b[j], mean_b[j], m2_b[j]);
+  for (int64_t j = 0; j < c; j++)
+    chan_merge(&count_a[j], &mean_a[j], &m2_a[j], count_b[j], mean_b[j], m2_b[j]);
   return NORMA_OK;
 }
 
@@ -257,7 +260,8 @@ static norma_status check_bwd_inputs(const char *fn, const bn_problem *p, const 
   TRY(bn_require(fn, "dy", dy));
   if (p->act != BN_ACT_NONE) {
     TRY(bn_require(fn, "x (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU)", *x));
-    TRY(bn_require(fn, "y (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU: the mask is y > 0)", *y));
+    TRY(bn_require(fn, "y (required with NORMA_BN_RELU / NORMA_BN_ADD_RELU: the mask is y > 0)",
+                   *y));
   } else if (!*x) {
     TRY(bn_require(fn, "y (required when x is NULL: x_hat is recovered from y)", *y));
     if (gamma)

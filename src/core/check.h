@@ -9,8 +9,8 @@
 
 /* Checks the descriptor and fills p.  min_n: smallest n allowed (0 for the split API, else 1).
    training: n * spatial must be >= 2 when n > 0. */
-NORMA_API norma_status bn_check_desc(const char *fn, const norma_bn_desc *d, int64_t min_n, int training,
-                           bn_problem *p);
+NORMA_API norma_status bn_check_desc(const char *fn, const norma_bn_desc *d, int64_t min_n,
+                                     int training, bn_problem *p);
 
 enum { REGION_TENSOR_IN, REGION_TENSOR_OUT, REGION_PARAM_IN, REGION_PARAM_OUT };
 typedef struct bn_region {
@@ -26,8 +26,8 @@ typedef struct bn_region {
 NORMA_API norma_status bn_check_overlaps(const char *fn, const bn_region *r, int count);
 
 /* NORMA_ERR_NONFINITE naming `name` and the first bad index when a NaN / Inf is present. */
-NORMA_API norma_status bn_check_finite(const char *fn, const char *name, norma_dtype t, const void *ptr,
-                             int64_t count);
+NORMA_API norma_status bn_check_finite(const char *fn, const char *name, norma_dtype t,
+                                       const void *ptr, int64_t count);
 NORMA_API norma_status bn_check_finite_param(const char *fn, const char *name, norma_dtype t,
                                    const void *ptr, int64_t c);
 

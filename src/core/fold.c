@@ -14,7 +14,8 @@ static norma_status check_fold(const char *fn, const char *cname, int64_t c, con
     return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is more than "
                        "NORMA_MAX_TENSOR_BYTES / 4", fn, cname, (long long)c);
   if (!(eps >= 0.0) || !isfinite(eps))
-    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: eps must be finite and >= 0 (got %g)", fn, eps);
+    return norma__fail(NORMA_ERR_INVALID_ARGUMENT, "%s: eps must be finite and >= 0 (got %g)", fn,
+                       eps);
   norma_status st;
   if ((st = bn_require(fn, "mean", mean)) || (st = bn_require(fn, "var", var))) return st;
   for (int64_t j = 0; j < c; j++)

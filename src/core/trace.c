@@ -83,9 +83,10 @@ void bn_trace_end(const char *op, const bn_problem *p, double t0, double tensors
             "\"bytes\":%.0f,\"GBps\":%.3f,\"status\":\"%s\"}}",
             trace_first ? "" : ",\n", op, t0 - trace_t0, dur, (long)getpid(),
             (long)syscall(SYS_gettid), (long long)p->n, (long long)p->c, (long long)p->s,
-            dtype_name(p->dt), p->layout == NORMA_CHANNELS_LAST ? "channels_last" : "channels_first",
-            p->flags, norma__use_reference() ? "reference" : norma_isa_name(norma__isa()),
-            norma__threads(), bytes, dur > 0 ? bytes / dur * 1e-3 : 0.0, norma_status_string(st));
+            dtype_name(p->dt),
+            p->layout == NORMA_CHANNELS_LAST ? "channels_last" : "channels_first", p->flags,
+            norma__use_reference() ? "reference" : norma_isa_name(norma__isa()), norma__threads(),
+            bytes, dur > 0 ? bytes / dur * 1e-3 : 0.0, norma_status_string(st));
     trace_first = 0;
   }
 }

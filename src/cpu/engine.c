@@ -159,7 +159,8 @@ static void lower_x(const norm_job *jb, norm_unit *u) {
   if (jb->act == BN_ACT_SILU) {
     const double *restrict zs = (const double *)u->cst + C_ZS * cs;
     const double *restrict zb = (const double *)u->cst + C_ZB * cs;
-    double *restrict kzs = (double *)u->kst + C_ZS * cs, *restrict kzb = (double *)u->kst + C_ZB * cs;
+    double *restrict kzs = (double *)u->kst + C_ZS * cs;
+    double *restrict kzb = (double *)u->kst + C_ZB * cs;
     for (int64_t j = 0; j < nc; j++) kzs[j] = zs[j] * rho[j], kzb[j] = zs[j] * cc[j] + zb[j];
   }
 }
@@ -508,7 +509,8 @@ static void unit_apply_slow(const norm_job *jb, const norm_unit *u) {
         const int64_t e = norm_index(g, i, u->j0 + j, sp);
         double v = (norma__load(g->dt, jb->x, e) - mhi) * sc + sh;
         if (g->act == BN_ACT_ADD_RELU) v += norma__load(g->dt, jb->res, e);
-        if (g->act == BN_ACT_RELU || g->act == BN_ACT_ADD_RELU) v = v > 0.0 ? v : (v != v ? v : 0.0);
+        if (g->act == BN_ACT_RELU || g->act == BN_ACT_ADD_RELU)
+          v = v > 0.0 ? v : (v != v ? v : 0.0);
         if (g->act == BN_ACT_SILU) v = v / (1.0 + exp(-v));
         norma__store(g->dt, jb->out, e, v);
       }
@@ -964,7 +966,8 @@ static void apply_whole_rows(const norm_job *jb, const norm_unit *u, int64_t r0,
    for rows of up to 4 KiB): 2, 1; backwards: 0 */
 static int rows_walk(const norm_job *jb) {
   const int64_t c = jb->g->c;
-  const int bwd512 = jb->dy && jb->pf && bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512;
+  const int bwd512 =
+      jb->dy && jb->pf && bn_ukernels_isa(norma__isa(), jb->g->dt) == NORMA_ISA_AVX512;
   const int mid = jb->g->total * (int64_t)jb->g->esize <= NORM_BWD_FWD_WALK_MAX_BYTES;
   const int ahead =
       !jb->nsums || (jb->pf && c <= NORM_FWD_WALK_MAX_C) || (bwd512 && jb->g->esize == 2 && mid);
@@ -1629,8 +1632,9 @@ norma_status norm_run_job(norm_job *jb) {
      per_nc */
   norm_unit whole = {.i1 = g->per_sample ? 1 : g->n, .nc = g->c};
   const int region = !jb->fused && split_one_region(jb);
-  const size_t units = jb->fused || region ? (size_t)jb->nt * unit_bytes(jb, jb->fused ? jb->unit : g->c)
-                                           : unit_bytes(jb, g->c);
+  const size_t units = jb->fused || region
+                           ? (size_t)jb->nt * unit_bytes(jb, jb->fused ? jb->unit : g->c)
+                           : unit_bytes(jb, g->c);
   const size_t part = (!jb->fused && jb->nsums)
                           ? (size_t)nsegments(jb, &whole) * (size_t)g->c * 3 * sizeof(double) : 0;
   const size_t pnc = jb->want_per_nc ? (size_t)g->n * (size_t)g->c * 2 * sizeof(double) : 0;

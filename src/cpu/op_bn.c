@@ -130,7 +130,8 @@ static void finalize_inference(norm_job *jb, norm_unit *u) {
     const int64_t ch = u->j0 + j;
     norm_set_fwd_consts(jb, u, j, norma__param(g->dt, a->mean_in, ch, 0), 0.0,
                         1.0 / sqrt(norma__param(g->dt, a->var_in, ch, 0) + g->eps),
-                        norma__param(g->dt, a->gamma, ch, 1.0), norma__param(g->dt, a->beta, ch, 0.0));
+                        norma__param(g->dt, a->gamma, ch, 1.0),
+                        norma__param(g->dt, a->beta, ch, 0.0));
   }
 }
 
@@ -140,7 +141,8 @@ static void finalize_apply(norm_job *jb, norm_unit *u) {
   for (int64_t j = 0; j < u->nc; j++) {
     const int64_t ch = u->j0 + j;
     norm_set_fwd_consts(jb, u, j, a->mean_d[ch], 0.0, a->invstd_d[ch],
-                        norma__param(g->dt, a->gamma, ch, 1.0), norma__param(g->dt, a->beta, ch, 0.0));
+                        norma__param(g->dt, a->gamma, ch, 1.0),
+                        norma__param(g->dt, a->beta, ch, 0.0));
   }
 }
 
@@ -541,7 +543,8 @@ norma_status norm_bn_backward(const norm_geom *g, norm_bwd_mode mode, const norm
 /* ---- moments of a producer's tile (single-threaded: the producer owns the threads) ------ */
 
 /* mean and m2 of n values from sums relative to the anchor k */
-static inline void tile_moments(double k, double t1, double t2, double n, double *mean, double *m2) {
+static inline void tile_moments(double k, double t1, double t2, double n, double *mean,
+                                double *m2) {
   const double v = t2 - t1 * (t1 / n);
   *mean = k + t1 / n;
   *m2 = v < 0.0 ? 0.0 : v;

@@ -16,7 +16,9 @@
 
 #include "engine.h"
 
-static int64_t group_index(const norm_geom *g, int64_t i, int64_t ch) { return norm_group(g, i, ch); }
+static int64_t group_index(const norm_geom *g, int64_t i, int64_t ch) {
+  return norm_group(g, i, ch);
+}
 
 /* ---- forward ---------------------------------------------------------------------------- */
 

@@ -99,7 +99,8 @@ static void group_stats(const row_ctx *rc, const char *h, int64_t len, double *m
   if (g->rms) {
     double q = 0.0;
     for (int64_t i = 0; i < len; i += NORM_CF_CHUNK)
-      q += uk->sumsq_run(h + (size_t)i * g->esize, len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK);
+      q += uk->sumsq_run(h + (size_t)i * g->esize,
+                         len - i < NORM_CF_CHUNK ? len - i : NORM_CF_CHUNK);
     /* squares below f32's normal range (a row of values under ~1e-19) or above it (~1e19):
        the row again in double (rare) */
     if (rc->jb->cbytes == 4 && !(q >= 0x1p-100 && q <= 0x1p100)) {

@@ -33,7 +33,9 @@ VAI vf vand_m(vf v, vm m) { return _mm256_and_ps(v, m); }
 VAI vf vblend_m(vm m, vf a, vf b) { return _mm256_blendv_ps(a, b, m); } /* m ? b : a */
 VAI vm vgt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
 /* g where y > 0, else 0 */
-VAI vf vkeep_pos(vf g, vf y) { return _mm256_and_ps(g, _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ)); }
+VAI vf vkeep_pos(vf g, vf y) {
+  return _mm256_and_ps(g, _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
 
 /* ---- loads and stores by storage type (dt is a constant after inlining) ---- */
 

@@ -51,7 +51,8 @@ A8I __m256 a8_anchor(__m256 sum, __m256 mn, __m256 mx, __m256 inv) {
   const __m256 mean = _mm256_mul_ps(sum, inv), range = _mm256_sub_ps(mx, mn);
   const __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(range), 23),
                                      _mm256_set1_epi32(0xff));
-  const __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(5)), 23));
+  const __m256 q =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(5)), 23));
   const __m256 iq = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(259), e), 23));
   const __m256 t = _mm256_mul_ps(mean, iq);

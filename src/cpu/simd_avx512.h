@@ -255,7 +255,8 @@ VAI vf vanchor(vf sum, vf mn, vf mx, vf inv) {
   const __m512 mean = _mm512_mul_ps(sum, inv), range = _mm512_sub_ps(mx, mn);
   const __m512i e = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(range), 23),
                                      _mm512_set1_epi32(0xff));
-  const __m512 q = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(5)), 23));
+  const __m512 q =
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(5)), 23));
   const __m512 iq = _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(259), e), 23));
   const __m512 t = _mm512_mul_ps(mean, iq);
@@ -318,7 +319,8 @@ VAI void vstats_half(__m256 kb, __m256 sc, __m256 a, __m256 q, double total, dou
   const __m512d s1 = _mm512_mul_pd(_mm512_cvtps_pd(a), is);
   const __m512d s2 = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtps_pd(q), is), is);
   const __m512d delta = _mm512_sub_pd(kbd, kbd), ld = _mm512_mul_pd(_mm512_set1_pd(total), delta);
-  const __m512d u2 = _mm512_add_pd(s2, _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), delta), s1));
+  const __m512d u2 =
+      _mm512_add_pd(s2, _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(2.0), delta), s1));
   _mm512_storeu_pd(t1, _mm512_add_pd(s1, ld));
   _mm512_storeu_pd(t2, _mm512_add_pd(u2, _mm512_mul_pd(ld, delta)));
   _mm512_storeu_pd(tk, kbd);
@@ -330,13 +332,16 @@ VAI void vstats_out(vf kb, vf sc, vf a, vf q, double total, int n, double *out) 
   vstats_half(_mm512_extractf32x8_ps(kb, 1), _mm512_extractf32x8_ps(sc, 1),
               _mm512_extractf32x8_ps(a, 1), _mm512_extractf32x8_ps(q, 1), total, t[0] + 8,
               t[1] + 8, t[2] + 8);
-  for (int c = 0; c < n; c++) out[3 * c] = t[0][c], out[3 * c + 1] = t[1][c], out[3 * c + 2] = t[2][c];
+  for (int c = 0; c < n; c++)
+    out[3 * c] = t[0][c], out[3 * c + 1] = t[1][c], out[3 * c + 2] = t[2][c];
 }
 
 VAI vf vpow2i(vf n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n),
                                                                 _mm512_set1_epi32(127)), 23));
 }
-VAI vf vround(vf v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+VAI vf vround(vf v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 
 #endif

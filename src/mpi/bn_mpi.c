@@ -988,7 +988,8 @@ norma_status norma_bn_backward_mpi(MPI_Comm comm, const norma_bn_desc *d, const 
   double *sx = NULL;
   if (!global_stats && !g.from_y) {
     sx = b.work + 2 * c;
-    for (int64_t j = 0; j < c; j++) sx[j] = bn_xhat_offset(gsx[j], (double)count) != 0.0 ? gsx[j] : 0.0;
+    for (int64_t j = 0; j < c; j++)
+      sx[j] = bn_xhat_offset(gsx[j], (double)count) != 0.0 ? gsx[j] : 0.0;
   }
   norma_status st;
   if (d->n > 0) {

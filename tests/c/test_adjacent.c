@@ -57,7 +57,8 @@ static void run_case(shape sh, norma_dtype dt, unsigned flags, int threads) {
   EXPECT_OK(norma_bn_forward_training(&d, x, add ? res : NULL, gamma, beta, y, sm[1], si[1],
                                       NULL, NULL, 0.1),
             "forward (adjacent)");
-  TU_CHECK(same(ys, y, tb), "[%s] forward y differs with y after %s", tu_ctx, add ? "residual" : "x");
+  TU_CHECK(same(ys, y, tb), "[%s] forward y differs with y after %s", tu_ctx,
+           add ? "residual" : "x");
   TU_CHECK(same(sm[0], sm[1], pb) && same(si[0], si[1], pb), "[%s] save_mean / save_invstd differ",
            tu_ctx);
 

@@ -54,7 +54,8 @@ int main(void) {
     for (int l = 0; l < 16; l++) bits[l] = (uint32_t)tu_next(&rng);
     const int k = 1 + (int)((uint32_t)tu_next(&rng) % 3);
     for (int j = 0; j < k; j++)
-      bits[(uint32_t)tu_next(&rng) % 16] = ((uint32_t)tu_next(&rng) & 0x807fffffu) | 1u; /* subnormal */
+      bits[(uint32_t)tu_next(&rng) % 16] =
+          ((uint32_t)tu_next(&rng) & 0x807fffffu) | 1u; /* subnormal */
     TU_CHECK(check_vector(bits), "mixed vector %d", it);
   }
   return tu_finish("test_bf16_round");

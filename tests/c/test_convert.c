@@ -69,16 +69,37 @@ static void test_f16(void) {
     }
   }
   TU_CHECK(bad_tie == 0, "f32 -> f16: %ld midpoints not rounded to even", bad_tie);
-  TU_CHECK(bad_near == 0, "f32 -> f16: %ld values next to a midpoint not rounded to nearest", bad_near);
+  TU_CHECK(bad_near == 0, "f32 -> f16: %ld values next to a midpoint not rounded to nearest",
+           bad_near);
 
   /* specific values */
-  struct { float f; uint16_t h; } cases[] = {
-      {0.0f, 0x0000},         {-0.0f, 0x8000},        {1.0f, 0x3c00},       {-2.0f, 0xc000},
-      {65504.0f, 0x7bff},     {65519.99f, 0x7bff},    {65520.0f, 0x7c00},   {-65520.0f, 0xfc00},
-      {1e9f, 0x7c00},         {3.4e38f, 0x7c00},      {INFINITY, 0x7c00},   {-INFINITY, 0xfc00},
-      {0x1p-24f, 0x0001},     {0x1p-25f, 0x0000},     {0x1.8p-25f, 0x0001}, {0x1.8p-24f, 0x0002},
-      {0x1p-26f, 0x0000},     {-0x1p-26f, 0x8000},    {0x1p-14f, 0x0400},   {0x1.ffcp-15f, 0x0400}, {0x1.ff8p-15f, 0x03ff},
-      {1.0f + 0x1p-11f, 0x3c00}, {1.0f + 0x3p-11f, 0x3c02}, {1e-10f, 0x0000}, {0x1p-149f, 0x0000},
+  struct { float f; uint16_t h;
+  } cases[] = {
+      {0.0f, 0x0000},
+      {-0.0f, 0x8000},
+      {1.0f, 0x3c00},
+      {-2.0f, 0xc000},
+      {65504.0f, 0x7bff},
+      {65519.99f, 0x7bff},
+      {65520.0f, 0x7c00},
+      {-65520.0f, 0xfc00},
+      {1e9f, 0x7c00},
+      {3.4e38f, 0x7c00},
+      {INFINITY, 0x7c00},
+      {-INFINITY, 0xfc00},
+      {0x1p-24f, 0x0001},
+      {0x1p-25f, 0x0000},
+      {0x1.8p-25f, 0x0001},
+      {0x1.8p-24f, 0x0002},
+      {0x1p-26f, 0x0000},
+      {-0x1p-26f, 0x8000},
+      {0x1p-14f, 0x0400},
+      {0x1.ffcp-15f, 0x0400},
+      {0x1.ff8p-15f, 0x03ff},
+      {1.0f + 0x1p-11f, 0x3c00},
+      {1.0f + 0x3p-11f, 0x3c02},
+      {1e-10f, 0x0000},
+      {0x1p-149f, 0x0000},
   };
   for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
     uint16_t got = norma__f32_to_f16(cases[i].f);
@@ -127,7 +148,8 @@ static void test_bf16(void) {
     }
   }
   TU_CHECK(bad_tie == 0, "f32 -> bf16: %ld midpoints not rounded to even", bad_tie);
-  TU_CHECK(bad_near == 0, "f32 -> bf16: %ld values next to a midpoint not rounded to nearest", bad_near);
+  TU_CHECK(bad_near == 0, "f32 -> bf16: %ld values next to a midpoint not rounded to nearest",
+           bad_near);
   /* the top: the largest bf16 0x7f7f, then Inf from its midpoint with 2^128 */
   struct { uint32_t f; uint16_t h; } cases[] = {
       {0x7f7f7fffu, 0x7f7f}, {0x7f7f8000u, 0x7f80}, {0x7f7fffffu, 0x7f80}, {0xff7f8000u, 0xff80},

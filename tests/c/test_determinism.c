@@ -175,7 +175,8 @@ static void test_concurrent(void) {
     const int64_t n = 3, c = 37 + 30 * k, s = 401;
     const norma_dtype dt = (norma_dtype)k;
     const size_t tb = n * c * s * tu_esize(dt), pb = c * tu_psize(dt);
-    j->d = (norma_bn_desc){n, c, s, (norma_layout)(k % 2), dt, 1e-5, k == 2 ? NORMA_BN_ADD_RELU : 0u};
+    j->d =
+        (norma_bn_desc){n, c, s, (norma_layout)(k % 2), dt, 1e-5, k == 2 ? NORMA_BN_ADD_RELU : 0u};
     tu_rng r = tu_rng_make(77 + k);
     j->x = tu_alloc(tb), j->res = tu_alloc(tb), j->dy = tu_alloc(tb);
     j->gamma = tu_alloc(pb), j->beta = tu_alloc(pb), j->rm0 = tu_alloc(pb), j->rv0 = tu_alloc(pb);
@@ -200,20 +201,23 @@ static void test_concurrent(void) {
   norma_set_num_threads(0);
   for (int k = 0; k < NJ; k++) {
     job *j = &jobs[k];
-    tu_set_ctx("concurrent calls: job %d (%s %s)", k, tu_dt_name(j->d.dtype), tu_layout_name(j->d.layout));
+    tu_set_ctx("concurrent calls: job %d (%s %s)", k, tu_dt_name(j->d.dtype),
+               tu_layout_name(j->d.layout));
     TU_CHECK(j->bad == 0, "[%s] %d calls failed", tu_ctx, j->bad);
     for (int rep = 0; rep < 3; rep++) {
       int diff = 0;
       for (int i = 0; i < O_N; i++)
         if (memcmp(j->conc[rep].p[i], j->seq.p[i], j->seq.bytes[i]) != 0) {
           diff++;
-          TU_CHECK(0, "[%s] %s differs from the sequential run (repetition %d)", tu_ctx, ONAMES[i], rep);
+          TU_CHECK(0, "[%s] %s differs from the sequential run (repetition %d)", tu_ctx, ONAMES[i],
+                   rep);
         }
       if (!diff) tu_passed++;
       free_outs(&j->conc[rep]);
     }
     free_outs(&j->seq);
-    free(j->x), free(j->res), free(j->dy), free(j->gamma), free(j->beta), free(j->rm0), free(j->rv0);
+    free(j->x), free(j->res), free(j->dy), free(j->gamma), free(j->beta), free(j->rm0),
+        free(j->rv0);
   }
 }
 
@@ -294,7 +298,8 @@ int main(void) {
   for (int op = 0; op < 3; op++) {
     printf("test_determinism: %s: %d cases on >= 2 threads; schedules: %d split, %d fused\n",
            opn[op], multi[op], sched[op][0], sched[op][1]);
-    TU_CHECK(multi[op] > 0, "%s never ran on more than one thread: the test proves nothing", opn[op]);
+    TU_CHECK(multi[op] > 0, "%s never ran on more than one thread: the test proves nothing",
+             opn[op]);
   }
   return tu_finish("test_determinism");
 }

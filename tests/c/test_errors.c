@@ -39,7 +39,8 @@ static void verify(int line, const char *call) {
   int changed = 0;
   for (int i = 0; i < nregs; i++)
     if (memcmp(regs[i].copy, regs[i].p, regs[i].bytes) != 0) {
-      tu_check_at(0, line, "[%s] %s: %s was modified by a failing call", tu_ctx, call, regs[i].name);
+      tu_check_at(0, line, "[%s] %s: %s was modified by a failing call", tu_ctx, call,
+                  regs[i].name);
       changed = 1;
       memcpy(regs[i].p, regs[i].copy, regs[i].bytes); /* restore for the next case */
     }
@@ -57,7 +58,8 @@ static void expect_error(int line, const char *call, norma_status got, norma_sta
               norma_status_string(got), norma_status_string(want), msg);
   if (got == NORMA_OK) return;
   int fresh = msg && *msg && !strstr(msg, "424242");
-  tu_check_at(fresh, line, "[%s] %s: last error not set (\"%s\")", tu_ctx, call, msg ? msg : "(null)");
+  tu_check_at(fresh, line, "[%s] %s: last error not set (\"%s\")", tu_ctx, call,
+              msg ? msg : "(null)");
   if (!fresh) return;
   tu_check_at(strstr(msg, fn) != NULL, line, "[%s] %s: message \"%s\" does not name %s", tu_ctx,
               call, msg, fn);
@@ -81,7 +83,8 @@ static void expect_error(int line, const char *call, norma_status got, norma_sta
     expect_error(__LINE__, #call, st_, want, fn, words, value);                    \
     verify(__LINE__, #call);                                                       \
   } while (0)
-#define INVALID(fn, words, value, call) EXPECT_ERR(NORMA_ERR_INVALID_ARGUMENT, fn, words, value, call)
+#define INVALID(fn, words, value, call)                                                            \
+  EXPECT_ERR(NORMA_ERR_INVALID_ARGUMENT, fn, words, value, call)
 #define NONFINITE(fn, words, call) EXPECT_ERR(NORMA_ERR_NONFINITE, fn, words, NULL, call)
 #define EXPECT_SUCCESS(call)                                                                \
   do {                                                                                      \
@@ -115,7 +118,8 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   void *yin = reg("y (input)", tu_alloc(tb), tb);
   void *gamma = reg("gamma", tu_alloc(pb), pb), *beta = reg("beta", tu_alloc(pb), pb);
   void *mean = reg("mean", tu_alloc(pb), pb), *var = reg("var", tu_alloc(pb), pb);
-  void *smi = reg("save_mean (input)", tu_alloc(pb), pb), *sii = reg("save_invstd (input)", tu_alloc(pb), pb);
+  void *smi = reg("save_mean (input)", tu_alloc(pb), pb),
+       *sii = reg("save_invstd (input)", tu_alloc(pb), pb);
   tu_fill_uniform(dt, x, total + 1, &r, -1, 1);
   tu_fill_uniform(dt, res, total, &r, -1, 1);
   tu_fill_uniform(dt, dy, total + 1, &r, -1, 1);
@@ -141,11 +145,14 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   double *amean = reg("acc mean", tu_alloc(db), db), *am2 = reg("acc m2", tu_alloc(db), db);
   int64_t *bcnt = reg("count_b", tu_alloc(c * 8), c * 8);
   double *bmean = reg("mean_b", tu_alloc(db), db), *bm2 = reg("m2_b", tu_alloc(db), db);
-  double *mean_out = reg("mean_out", tu_poisoned(db), db), *inv_out = reg("invstd_out", tu_poisoned(db), db);
-  double *dmean = reg("mean (double)", tu_alloc(db), db), *dinv = reg("invstd (double)", tu_alloc(db), db);
+  double *mean_out = reg("mean_out", tu_poisoned(db), db),
+         *inv_out = reg("invstd_out", tu_poisoned(db), db);
+  double *dmean = reg("mean (double)", tu_alloc(db), db),
+         *dinv = reg("invstd (double)", tu_alloc(db), db);
   double *sdy = reg("sum_dy", tu_poisoned(db), db), *sdx = reg("sum_dy_xhat", tu_poisoned(db), db),
          *sx = reg("sum_xhat", tu_poisoned(db), db);
-  double *isdy = reg("sum_dy (input)", tu_alloc(db), db), *isdx = reg("sum_dy_xhat (input)", tu_alloc(db), db),
+  double *isdy = reg("sum_dy (input)", tu_alloc(db), db),
+         *isdx = reg("sum_dy_xhat (input)", tu_alloc(db), db),
          *isx = reg("sum_xhat (input)", tu_alloc(db), db);
   for (int64_t j = 0; j < c; j++) {
     acnt[j] = 4 + j, amean[j] = 0.5 * j, am2[j] = 1.5 + j;
@@ -162,50 +169,98 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   const double mom = 0.1;
 
   /* ---- forward_training ---- */
-  INVALID(FWD, "d", NULL, norma_bn_forward_training(NULL, x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "x", NULL, norma_bn_forward_training(&D, NULL, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "y", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, NULL, sm, si, rm, rv, mom));
-  INVALID(FWD, "n", "0", norma_bn_forward_training(WITH(n, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "n", "-1", norma_bn_forward_training(WITH(n, -1), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "c", "0", norma_bn_forward_training(WITH(c, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "c", "-3", norma_bn_forward_training(WITH(c, -3), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "spatial", "0", norma_bn_forward_training(WITH(spatial, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "spatial", "-7", norma_bn_forward_training(WITH(spatial, -7), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "layout", "2", norma_bn_forward_training(WITH(layout, (norma_layout)2), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "layout", "-1", norma_bn_forward_training(WITH(layout, (norma_layout)-1), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "dtype", "4", norma_bn_forward_training(WITH(dtype, (norma_dtype)4), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "dtype", "-1", norma_bn_forward_training(WITH(dtype, (norma_dtype)-1), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "eps", "-1", norma_bn_forward_training(WITH(eps, -1.0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "eps", NULL, norma_bn_forward_training(WITH(eps, -1e-300), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "eps", NULL, norma_bn_forward_training(WITH(eps, NAN), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "eps", NULL, norma_bn_forward_training(WITH(eps, INFINITY), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "flags", NULL, norma_bn_forward_training(WITH(flags, 1u << 5), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "flags", NULL, norma_bn_forward_training(WITH(flags, 0x80000000u | NORMA_BN_RELU), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "d", NULL,
+          norma_bn_forward_training(NULL, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "x", NULL,
+          norma_bn_forward_training(&D, NULL, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "y", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, NULL, sm, si, rm, rv, mom));
+  INVALID(FWD, "n", "0",
+          norma_bn_forward_training(WITH(n, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "n", "-1",
+          norma_bn_forward_training(WITH(n, -1), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "c", "0",
+          norma_bn_forward_training(WITH(c, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "c", "-3",
+          norma_bn_forward_training(WITH(c, -3), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "spatial", "0",
+          norma_bn_forward_training(WITH(spatial, 0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(
+      FWD, "spatial", "-7",
+      norma_bn_forward_training(WITH(spatial, -7), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "layout", "2",
+          norma_bn_forward_training(WITH(layout, (norma_layout)2), x, res, gamma, beta, y, sm, si,
+                                    rm, rv, mom));
+  INVALID(FWD, "layout", "-1",
+          norma_bn_forward_training(WITH(layout, (norma_layout)-1), x, res, gamma, beta, y, sm, si,
+                                    rm, rv, mom));
+  INVALID(FWD, "dtype", "4",
+          norma_bn_forward_training(WITH(dtype, (norma_dtype)4), x, res, gamma, beta, y, sm, si, rm,
+                                    rv, mom));
+  INVALID(FWD, "dtype", "-1",
+          norma_bn_forward_training(WITH(dtype, (norma_dtype)-1), x, res, gamma, beta, y, sm, si,
+                                    rm, rv, mom));
+  INVALID(FWD, "eps", "-1",
+          norma_bn_forward_training(WITH(eps, -1.0), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(
+      FWD, "eps", NULL,
+      norma_bn_forward_training(WITH(eps, -1e-300), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "eps", NULL,
+          norma_bn_forward_training(WITH(eps, NAN), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(
+      FWD, "eps", NULL,
+      norma_bn_forward_training(WITH(eps, INFINITY), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(
+      FWD, "flags", NULL,
+      norma_bn_forward_training(WITH(flags, 1u << 5), x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "flags", NULL,
+          norma_bn_forward_training(WITH(flags, 0x80000000u | NORMA_BN_RELU), x, res, gamma, beta,
+                                    y, sm, si, rm, rv, mom));
   INVALID(FWD, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL,
-          norma_bn_forward_training(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "residual", NULL, norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, y, sm, si, rm, rv, mom));
+          norma_bn_forward_training(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma,
+                                    beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "residual", NULL,
+          norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, y, sm, si,
+                                    rm, rv, mom));
   d = D, d.n = 1, d.spatial = 1;
-  INVALID(FWD, "n|spatial", "1", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "n|spatial", "1",
+          norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   /* sizes whose element or byte count overflows */
   d = D, d.n = d.c = d.spatial = (int64_t)1 << 31;
-  INVALID(FWD, "n|c|spatial|size", NULL, norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "n|c|spatial|size", NULL,
+          norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   d = D, d.n = (int64_t)1 << 31, d.c = (int64_t)1 << 31, d.spatial = 1;
-  INVALID(FWD, "n|c|spatial|size", NULL, norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  d = D, d.n = (int64_t)1 << 42, d.c = (int64_t)1 << 20, d.spatial = 1; /* 2^62 elements: bytes overflow */
-  INVALID(FWD, "n|c|spatial|size", NULL, norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "n|c|spatial|size", NULL,
+          norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  d = D, d.n = (int64_t)1 << 42, d.c = (int64_t)1 << 20,
+  d.spatial = 1; /* 2^62 elements: bytes overflow */
+  INVALID(FWD, "n|c|spatial|size", NULL,
+          norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   d = D, d.n = INT64_MAX, d.c = 1, d.spatial = 2;
-  INVALID(FWD, "n|c|spatial|size", NULL, norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "momentum", "1.5", norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, rv, 1.5));
-  INVALID(FWD, "momentum", "-0.25", norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, NULL, -0.25));
-  INVALID(FWD, "momentum", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, NULL, rv, NAN));
+  INVALID(FWD, "n|c|spatial|size", NULL,
+          norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "momentum", "1.5",
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, rv, 1.5));
+  INVALID(FWD, "momentum", "-0.25",
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, NULL, -0.25));
+  INVALID(FWD, "momentum", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, NULL, rv, NAN));
   /* overlaps */
-  INVALID(FWD, "y|x", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, (char *)x + es, sm, si, rm, rv, mom));
-  INVALID(FWD, "y|residual", NULL, norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, (char *)y + es, gamma, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "save_mean|save_invstd", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, sm, rm, rv, mom));
-  INVALID(FWD, "running_mean|running_var", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, rm, mom));
-  INVALID(FWD, "save_mean|y", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, y, (char *)y + es, si, rm, rv, mom));
-  INVALID(FWD, "y|gamma", NULL, norma_bn_forward_training(&D, x, res, y, beta, y, sm, si, rm, rv, mom));
-  INVALID(FWD, "save_invstd|x", NULL, norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, x, rm, rv, mom));
+  INVALID(FWD, "y|x", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, (char *)x + es, sm, si, rm, rv, mom));
+  INVALID(FWD, "y|residual", NULL,
+          norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, (char *)y + es, gamma, beta,
+                                    y, sm, si, rm, rv, mom));
+  INVALID(FWD, "save_mean|save_invstd", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, sm, rm, rv, mom));
+  INVALID(FWD, "running_mean|running_var", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, si, rm, rm, mom));
+  INVALID(FWD, "save_mean|y", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, (char *)y + es, si, rm, rv, mom));
+  INVALID(FWD, "y|gamma", NULL,
+          norma_bn_forward_training(&D, x, res, y, beta, y, sm, si, rm, rv, mom));
+  INVALID(FWD, "save_invstd|x", NULL,
+          norma_bn_forward_training(&D, x, res, gamma, beta, y, sm, x, rm, rv, mom));
   /* CHECK_FINITE: every input scanned */
   d = D, d.flags = NORMA_CHECK_FINITE | NORMA_BN_ADD_RELU;
   const int64_t bad = total - 1; /* the last element: past every vector body */
@@ -216,7 +271,8 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   NONFINITE(FWD, "x", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   tu_store(dt, x, bad, 0.5), tu_store(dt, x, 7, 0.25);
   set_nonfinite(dt, res, 3, 1);
-  NONFINITE(FWD, "residual", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "residual",
+            norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   /* ... but a residual is ignored without ADD_RELU: no error */
   d.flags = NORMA_CHECK_FINITE;
   tu_poison(y, tb);
@@ -225,24 +281,30 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   tu_store(dt, res, 3, 0.5);
   d.flags = NORMA_CHECK_FINITE;
   set_nonfinite(pt, gamma, 4, 0);
-  NONFINITE(FWD, "gamma", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "gamma",
+            norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   tu_pstore(dt, gamma, 4, 1.0);
   set_nonfinite(pt, beta, 0, 1);
-  NONFINITE(FWD, "beta", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "beta",
+            norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   tu_pstore(dt, beta, 0, 0.0);
   set_nonfinite(pt, rm, 2, 0);
-  NONFINITE(FWD, "running_mean", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "running_mean",
+            norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   tu_pstore(dt, rm, 2, 0.0);
   set_nonfinite(pt, rv, 1, 1);
-  NONFINITE(FWD, "running_var", norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "running_var",
+            norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, rm, rv, mom));
   tu_pstore(dt, rv, 1, 1.0);
   /* valid oddities: momentum outside [0, 1] without running statistics; RELU with an unused
      residual; y == residual */
   EXPECT_SUCCESS(norma_bn_forward_training(&D, x, NULL, gamma, beta, y, sm, si, NULL, NULL, 7.0));
-  EXPECT_SUCCESS(norma_bn_forward_training(WITH(flags, NORMA_BN_RELU), x, NULL, NULL, NULL, y, NULL, NULL, NULL, NULL, 0));
+  EXPECT_SUCCESS(norma_bn_forward_training(WITH(flags, NORMA_BN_RELU), x, NULL, NULL, NULL, y, NULL,
+                                           NULL, NULL, NULL, 0));
   {
     void *ry = tu_dup(res, tb);
-    EXPECT_SUCCESS(norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, ry, gamma, beta, ry, NULL, NULL, NULL, NULL, 0));
+    EXPECT_SUCCESS(norma_bn_forward_training(WITH(flags, NORMA_BN_ADD_RELU), x, ry, gamma, beta, ry,
+                                             NULL, NULL, NULL, NULL, 0));
     free(ry);
   }
   tu_poison(y, tb), tu_poison(sm, pb), tu_poison(si, pb);
@@ -254,17 +316,31 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   INVALID(INF, "var", NULL, norma_bn_forward_inference(&D, x, res, gamma, beta, mean, NULL, y));
   INVALID(INF, "y", NULL, norma_bn_forward_inference(&D, x, res, gamma, beta, mean, var, NULL));
   INVALID(INF, "n", "0", norma_bn_forward_inference(WITH(n, 0), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "c", "-2", norma_bn_forward_inference(WITH(c, -2), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "spatial", "0", norma_bn_forward_inference(WITH(spatial, 0), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "layout", "5", norma_bn_forward_inference(WITH(layout, (norma_layout)5), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "dtype", "9", norma_bn_forward_inference(WITH(dtype, (norma_dtype)9), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "eps", NULL, norma_bn_forward_inference(WITH(eps, -0.5), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "flags", NULL, norma_bn_forward_inference(WITH(flags, 1u << 9), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL, norma_bn_forward_inference(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "residual", NULL, norma_bn_forward_inference(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, mean, var, y));
+  INVALID(INF, "c", "-2",
+          norma_bn_forward_inference(WITH(c, -2), x, res, gamma, beta, mean, var, y));
+  INVALID(INF, "spatial", "0",
+          norma_bn_forward_inference(WITH(spatial, 0), x, res, gamma, beta, mean, var, y));
+  INVALID(
+      INF, "layout", "5",
+      norma_bn_forward_inference(WITH(layout, (norma_layout)5), x, res, gamma, beta, mean, var, y));
+  INVALID(
+      INF, "dtype", "9",
+      norma_bn_forward_inference(WITH(dtype, (norma_dtype)9), x, res, gamma, beta, mean, var, y));
+  INVALID(INF, "eps", NULL,
+          norma_bn_forward_inference(WITH(eps, -0.5), x, res, gamma, beta, mean, var, y));
+  INVALID(INF, "flags", NULL,
+          norma_bn_forward_inference(WITH(flags, 1u << 9), x, res, gamma, beta, mean, var, y));
+  INVALID(INF, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL,
+          norma_bn_forward_inference(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma,
+                                     beta, mean, var, y));
+  INVALID(INF, "residual", NULL,
+          norma_bn_forward_inference(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, mean,
+                                     var, y));
   d = D, d.n = d.c = d.spatial = (int64_t)1 << 31;
-  INVALID(INF, "n|c|spatial|size", NULL, norma_bn_forward_inference(&d, x, res, gamma, beta, mean, var, y));
-  INVALID(INF, "y|x", NULL, norma_bn_forward_inference(&D, x, res, gamma, beta, mean, var, (char *)x + es));
+  INVALID(INF, "n|c|spatial|size", NULL,
+          norma_bn_forward_inference(&d, x, res, gamma, beta, mean, var, y));
+  INVALID(INF, "y|x", NULL,
+          norma_bn_forward_inference(&D, x, res, gamma, beta, mean, var, (char *)x + es));
   INVALID(INF, "y|mean", NULL, norma_bn_forward_inference(&D, x, res, gamma, beta, y, var, y));
   d = D, d.flags = NORMA_CHECK_FINITE;
   set_nonfinite(dt, x, 0, 0);
@@ -285,38 +361,74 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   tu_store(dt, res, total - 1, 0.0);
 
   /* ---- backward ---- */
-  INVALID(BWD, "d", NULL, norma_bn_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "dy", NULL, norma_bn_backward(&D, x, yin, NULL, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "save_mean", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, NULL, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "save_invstd", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, NULL, dx, dres, dg, dbt));
-  INVALID(BWD, "dx", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, NULL, dres, dg, dbt));
-  INVALID(BWD, "n", "0", norma_bn_backward(WITH(n, 0), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "c", "0", norma_bn_backward(WITH(c, 0), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "spatial", "-1", norma_bn_backward(WITH(spatial, -1), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "layout", "3", norma_bn_backward(WITH(layout, (norma_layout)3), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "dtype", "5", norma_bn_backward(WITH(dtype, (norma_dtype)5), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "eps", NULL, norma_bn_backward(WITH(eps, NAN), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "flags", NULL, norma_bn_backward(WITH(flags, 1u << 30), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL, norma_bn_backward(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "d", NULL,
+          norma_bn_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "dy", NULL,
+          norma_bn_backward(&D, x, yin, NULL, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "save_mean", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, NULL, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "save_invstd", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, NULL, dx, dres, dg, dbt));
+  INVALID(BWD, "dx", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, NULL, dres, dg, dbt));
+  INVALID(BWD, "n", "0",
+          norma_bn_backward(WITH(n, 0), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "c", "0",
+          norma_bn_backward(WITH(c, 0), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(
+      BWD, "spatial", "-1",
+      norma_bn_backward(WITH(spatial, -1), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "layout", "3",
+          norma_bn_backward(WITH(layout, (norma_layout)3), x, yin, dy, gamma, beta, smi, sii, dx,
+                            dres, dg, dbt));
+  INVALID(BWD, "dtype", "5",
+          norma_bn_backward(WITH(dtype, (norma_dtype)5), x, yin, dy, gamma, beta, smi, sii, dx,
+                            dres, dg, dbt));
+  INVALID(BWD, "eps", NULL,
+          norma_bn_backward(WITH(eps, NAN), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "flags", NULL,
+          norma_bn_backward(WITH(flags, 1u << 30), x, yin, dy, gamma, beta, smi, sii, dx, dres, dg,
+                            dbt));
+  INVALID(BWD, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL,
+          norma_bn_backward(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta,
+                            smi, sii, dx, dres, dg, dbt));
   d = D, d.n = 1, d.spatial = 1;
-  INVALID(BWD, "n|spatial", "1", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "n|spatial", "1",
+          norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   d = D, d.n = d.c = d.spatial = (int64_t)1 << 31;
-  INVALID(BWD, "n|c|spatial|size", NULL, norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "x", NULL, norma_bn_backward(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "x", NULL, norma_bn_backward(WITH(flags, NORMA_BN_ADD_RELU), NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "y", NULL, norma_bn_backward(WITH(flags, NORMA_BN_RELU), x, NULL, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
-  INVALID(BWD, "y", NULL, norma_bn_backward(&D, NULL, NULL, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "n|c|spatial|size", NULL,
+          norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "x", NULL,
+          norma_bn_backward(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, smi, sii, dx,
+                            dres, dg, dbt));
+  INVALID(BWD, "x", NULL,
+          norma_bn_backward(WITH(flags, NORMA_BN_ADD_RELU), NULL, yin, dy, gamma, beta, smi, sii,
+                            dx, dres, dg, dbt));
+  INVALID(BWD, "y", NULL,
+          norma_bn_backward(WITH(flags, NORMA_BN_RELU), x, NULL, dy, gamma, beta, smi, sii, dx,
+                            dres, dg, dbt));
+  INVALID(BWD, "y", NULL,
+          norma_bn_backward(&D, NULL, NULL, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, gamma, 3, 0.0);
-  INVALID(BWD, "gamma", NULL, norma_bn_backward(&D, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "gamma", NULL,
+          norma_bn_backward(&D, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, gamma, 3, -0.0);
-  INVALID(BWD, "gamma", NULL, norma_bn_backward(&D, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  INVALID(BWD, "gamma", NULL,
+          norma_bn_backward(&D, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, gamma, 3, 1.0);
-  INVALID(BWD, "dx|dy", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, (char *)dy + es, dres, dg, dbt));
-  INVALID(BWD, "dx|x", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, (char *)x + es, dres, dg, dbt));
-  INVALID(BWD, "dresidual|dx", NULL, norma_bn_backward(WITH(flags, NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta, smi, sii, dx, dx, dg, dbt));
-  INVALID(BWD, "dgamma|dbeta", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dg));
-  INVALID(BWD, "dgamma|save_mean", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, smi, dbt));
-  INVALID(BWD, "dbeta|dx", NULL, norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dx));
+  INVALID(BWD, "dx|dy", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, (char *)dy + es, dres, dg, dbt));
+  INVALID(BWD, "dx|x", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, (char *)x + es, dres, dg, dbt));
+  INVALID(BWD, "dresidual|dx", NULL,
+          norma_bn_backward(WITH(flags, NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta, smi, sii, dx,
+                            dx, dg, dbt));
+  INVALID(BWD, "dgamma|dbeta", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dg));
+  INVALID(BWD, "dgamma|save_mean", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, smi, dbt));
+  INVALID(BWD, "dbeta|dx", NULL,
+          norma_bn_backward(&D, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dx));
   d = D, d.flags = NORMA_CHECK_FINITE | NORMA_BN_RELU;
   set_nonfinite(dt, dy, total - 1, 0);
   NONFINITE(BWD, "dy", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
@@ -327,19 +439,24 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   set_nonfinite(dt, yin, 4, 0);
   NONFINITE(BWD, "y", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   d.flags = NORMA_CHECK_FINITE;
-  NONFINITE(BWD, "y", norma_bn_backward(&d, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  NONFINITE(BWD, "y",
+            norma_bn_backward(&d, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_store(dt, yin, 4, 0.5);
   set_nonfinite(pt, sii, 1, 1);
-  NONFINITE(BWD, "save_invstd", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  NONFINITE(BWD, "save_invstd",
+            norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, sii, 1, 1.0);
   set_nonfinite(pt, smi, 0, 0);
-  NONFINITE(BWD, "save_mean", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  NONFINITE(BWD, "save_mean",
+            norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, smi, 0, 0.0);
   set_nonfinite(pt, gamma, 1, 0);
-  NONFINITE(BWD, "gamma", norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  NONFINITE(BWD, "gamma",
+            norma_bn_backward(&d, x, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, gamma, 1, 1.0);
   set_nonfinite(pt, beta, 1, 1);
-  NONFINITE(BWD, "beta", norma_bn_backward(&d, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
+  NONFINITE(BWD, "beta",
+            norma_bn_backward(&d, NULL, yin, dy, gamma, beta, smi, sii, dx, dres, dg, dbt));
   tu_pstore(dt, beta, 1, 0.0);
   /* y is ignored when x is given without RELU / ADD_RELU: a NaN there is no error */
   set_nonfinite(dt, yin, 4, 0);
@@ -379,17 +496,21 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
     tu_poison(cnt, c * 8), tu_poison(mo, db), tu_poison(m2, db);
   }
 
-  INVALID(ACC, "dtype", "6", norma_bn_moments_accumulate((norma_dtype)6, 3, c, x, c, 1, acnt, amean, am2));
+  INVALID(ACC, "dtype", "6",
+          norma_bn_moments_accumulate((norma_dtype)6, 3, c, x, c, 1, acnt, amean, am2));
   INVALID(ACC, "rows", "-1", norma_bn_moments_accumulate(dt, -1, c, x, c, 1, acnt, amean, am2));
   INVALID(ACC, "channels", "0", norma_bn_moments_accumulate(dt, 3, 0, x, c, 1, acnt, amean, am2));
-  INVALID(ACC, "row_stride|strides", "-5", norma_bn_moments_accumulate(dt, 3, c, x, -5, 1, acnt, amean, am2));
-  INVALID(ACC, "channel_stride|strides", "-1", norma_bn_moments_accumulate(dt, 3, c, x, c, -1, acnt, amean, am2));
+  INVALID(ACC, "row_stride|strides", "-5",
+          norma_bn_moments_accumulate(dt, 3, c, x, -5, 1, acnt, amean, am2));
+  INVALID(ACC, "channel_stride|strides", "-1",
+          norma_bn_moments_accumulate(dt, 3, c, x, c, -1, acnt, amean, am2));
   INVALID(ACC, "x", NULL, norma_bn_moments_accumulate(dt, 3, c, NULL, c, 1, acnt, amean, am2));
   INVALID(ACC, "count", NULL, norma_bn_moments_accumulate(dt, 3, c, x, c, 1, NULL, amean, am2));
   INVALID(ACC, "mean", NULL, norma_bn_moments_accumulate(dt, 3, c, x, c, 1, acnt, NULL, am2));
   INVALID(ACC, "m2", NULL, norma_bn_moments_accumulate(dt, 3, c, x, c, 1, acnt, amean, NULL));
   INVALID(ACC, "rows|row_stride|channels|channel_stride|strides", NULL,
-          norma_bn_moments_accumulate(dt, (int64_t)1 << 40, c, x, (int64_t)1 << 40, 1, acnt, amean, am2));
+          norma_bn_moments_accumulate(dt, (int64_t)1 << 40, c, x, (int64_t)1 << 40, 1, acnt, amean,
+                                      am2));
   acnt[2] = -1;
   INVALID(ACC, "count", NULL, norma_bn_moments_accumulate(dt, 3, c, x, c, 1, acnt, amean, am2));
   acnt[2] = 6;
@@ -407,32 +528,61 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   INVALID(MRG, "mean_b", NULL, norma_bn_moments_merge(c, acnt, amean, am2, bcnt, NULL, bm2));
   INVALID(MRG, "m2_b", NULL, norma_bn_moments_merge(c, acnt, amean, am2, bcnt, bmean, NULL));
   bcnt[4] = -2;
-  INVALID(MRG, "count|count_b|count_a", NULL, norma_bn_moments_merge(c, acnt, amean, am2, bcnt, bmean, bm2));
+  INVALID(MRG, "count|count_b|count_a", NULL,
+          norma_bn_moments_merge(c, acnt, amean, am2, bcnt, bmean, bm2));
   bcnt[4] = 3;
 
-  INVALID(SFM, "d", NULL, norma_bn_stats_from_moments(NULL, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "c", "0", norma_bn_stats_from_moments(WITH(c, 0), cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "dtype", "8", norma_bn_stats_from_moments(WITH(dtype, (norma_dtype)8), cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "eps", NULL, norma_bn_stats_from_moments(WITH(eps, -2.0), cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "flags", NULL, norma_bn_stats_from_moments(WITH(flags, 1u << 7), cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "count", NULL, norma_bn_stats_from_moments(&D, NULL, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "mean", NULL, norma_bn_stats_from_moments(&D, cnt2, NULL, am2, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "m2", NULL, norma_bn_stats_from_moments(&D, cnt2, amean, NULL, mean_out, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "mean_out", NULL, norma_bn_stats_from_moments(&D, cnt2, amean, am2, NULL, inv_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "invstd_out", NULL, norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, NULL, sm, si, rm, rv, mom));
-  INVALID(SFM, "momentum", "-1", norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, NULL, -1.0));
+  INVALID(
+      SFM, "d", NULL,
+      norma_bn_stats_from_moments(NULL, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(SFM, "c", "0",
+          norma_bn_stats_from_moments(WITH(c, 0), cnt2, amean, am2, mean_out, inv_out, sm, si, rm,
+                                      rv, mom));
+  INVALID(SFM, "dtype", "8",
+          norma_bn_stats_from_moments(WITH(dtype, (norma_dtype)8), cnt2, amean, am2, mean_out,
+                                      inv_out, sm, si, rm, rv, mom));
+  INVALID(SFM, "eps", NULL,
+          norma_bn_stats_from_moments(WITH(eps, -2.0), cnt2, amean, am2, mean_out, inv_out, sm, si,
+                                      rm, rv, mom));
+  INVALID(SFM, "flags", NULL,
+          norma_bn_stats_from_moments(WITH(flags, 1u << 7), cnt2, amean, am2, mean_out, inv_out, sm,
+                                      si, rm, rv, mom));
+  INVALID(
+      SFM, "count", NULL,
+      norma_bn_stats_from_moments(&D, NULL, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(SFM, "mean", NULL,
+          norma_bn_stats_from_moments(&D, cnt2, NULL, am2, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(
+      SFM, "m2", NULL,
+      norma_bn_stats_from_moments(&D, cnt2, amean, NULL, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(SFM, "mean_out", NULL,
+          norma_bn_stats_from_moments(&D, cnt2, amean, am2, NULL, inv_out, sm, si, rm, rv, mom));
+  INVALID(SFM, "invstd_out", NULL,
+          norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, NULL, sm, si, rm, rv, mom));
+  INVALID(
+      SFM, "momentum", "-1",
+      norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, NULL, -1.0));
   cnt2[3] = 1;
-  INVALID(SFM, "count", "3", norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(
+      SFM, "count", "3",
+      norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
   cnt2[3] = 0;
-  INVALID(SFM, "count", "3", norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
+  INVALID(
+      SFM, "count", "3",
+      norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, rm, rv, mom));
   cnt2[3] = 6;
-  INVALID(SFM, "mean_out|invstd_out", NULL, norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, mean_out, sm, si, rm, rv, mom));
-  INVALID(SFM, "save_mean|running_mean", NULL, norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, sm, rv, mom));
+  INVALID(
+      SFM, "mean_out|invstd_out", NULL,
+      norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, mean_out, sm, si, rm, rv, mom));
+  INVALID(
+      SFM, "save_mean|running_mean", NULL,
+      norma_bn_stats_from_moments(&D, cnt2, amean, am2, mean_out, inv_out, sm, si, sm, rv, mom));
   {
     /* only c, dtype, eps and flags are read: nonsense n / spatial / layout are fine */
     norma_bn_desc odd = D;
     odd.n = -3, odd.spatial = 0, odd.layout = (norma_layout)77;
-    EXPECT_SUCCESS(norma_bn_stats_from_moments(&odd, cnt2, amean, am2, mean_out, inv_out, NULL, NULL, NULL, NULL, 5.0));
+    EXPECT_SUCCESS(norma_bn_stats_from_moments(&odd, cnt2, amean, am2, mean_out, inv_out, NULL,
+                                               NULL, NULL, NULL, 5.0));
     tu_poison(mean_out, db), tu_poison(inv_out, db);
   }
 
@@ -443,36 +593,63 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
   INVALID(FAP, "invstd", NULL, norma_bn_forward_apply(&D, x, res, gamma, beta, dmean, NULL, y));
   INVALID(FAP, "n", "-1", norma_bn_forward_apply(WITH(n, -1), x, res, gamma, beta, dmean, dinv, y));
   INVALID(FAP, "c", "0", norma_bn_forward_apply(WITH(c, 0), x, res, gamma, beta, dmean, dinv, y));
-  INVALID(FAP, "eps", NULL, norma_bn_forward_apply(WITH(eps, -1.0), x, res, gamma, beta, dmean, dinv, y));
-  INVALID(FAP, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL, norma_bn_forward_apply(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma, beta, dmean, dinv, y));
-  INVALID(FAP, "residual", NULL, norma_bn_forward_apply(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, dmean, dinv, y));
-  INVALID(FAP, "y|x", NULL, norma_bn_forward_apply(&D, x, res, gamma, beta, dmean, dinv, (char *)x + es));
+  INVALID(FAP, "eps", NULL,
+          norma_bn_forward_apply(WITH(eps, -1.0), x, res, gamma, beta, dmean, dinv, y));
+  INVALID(FAP, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL,
+          norma_bn_forward_apply(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), x, res, gamma,
+                                 beta, dmean, dinv, y));
+  INVALID(
+      FAP, "residual", NULL,
+      norma_bn_forward_apply(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, gamma, beta, dmean, dinv, y));
+  INVALID(FAP, "y|x", NULL,
+          norma_bn_forward_apply(&D, x, res, gamma, beta, dmean, dinv, (char *)x + es));
   set_nonfinite(dt, x, 2, 0);
-  NONFINITE(FAP, "x", norma_bn_forward_apply(WITH(flags, NORMA_CHECK_FINITE), x, res, gamma, beta, dmean, dinv, y));
+  NONFINITE(
+      FAP, "x",
+      norma_bn_forward_apply(WITH(flags, NORMA_CHECK_FINITE), x, res, gamma, beta, dmean, dinv, y));
   tu_store(dt, x, 2, 0.5);
   snap();
   EXPECT_SUCCESS(norma_bn_forward_apply(WITH(n, 0), x, res, gamma, beta, dmean, dinv, y));
   verify(__LINE__, "forward_apply with n == 0");
 
-  INVALID(BRD, "d", NULL, norma_bn_backward_reduce(NULL, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
-  INVALID(BRD, "dy", NULL, norma_bn_backward_reduce(&D, x, yin, NULL, gamma, beta, dmean, dinv, sdy, sdx, sx));
-  INVALID(BRD, "mean", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, NULL, dinv, sdy, sdx, sx));
-  INVALID(BRD, "invstd", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, NULL, sdy, sdx, sx));
-  INVALID(BRD, "sum_dy", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, NULL, sdx, sx));
-  INVALID(BRD, "sum_dy_xhat", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, NULL, sx));
-  INVALID(BRD, "n", "-2", norma_bn_backward_reduce(WITH(n, -2), x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
-  INVALID(BRD, "x", NULL, norma_bn_backward_reduce(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
-  INVALID(BRD, "y", NULL, norma_bn_backward_reduce(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
-  INVALID(BRD, "y", NULL, norma_bn_backward_reduce(&D, NULL, NULL, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  INVALID(BRD, "d", NULL,
+          norma_bn_backward_reduce(NULL, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  INVALID(BRD, "dy", NULL,
+          norma_bn_backward_reduce(&D, x, yin, NULL, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  INVALID(BRD, "mean", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, NULL, dinv, sdy, sdx, sx));
+  INVALID(BRD, "invstd", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, NULL, sdy, sdx, sx));
+  INVALID(BRD, "sum_dy", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, NULL, sdx, sx));
+  INVALID(BRD, "sum_dy_xhat", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, NULL, sx));
+  INVALID(
+      BRD, "n", "-2",
+      norma_bn_backward_reduce(WITH(n, -2), x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  INVALID(BRD, "x", NULL,
+          norma_bn_backward_reduce(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, dmean,
+                                   dinv, sdy, sdx, sx));
+  INVALID(BRD, "y", NULL,
+          norma_bn_backward_reduce(WITH(flags, NORMA_BN_ADD_RELU), x, NULL, dy, gamma, beta, dmean,
+                                   dinv, sdy, sdx, sx));
+  INVALID(BRD, "y", NULL,
+          norma_bn_backward_reduce(&D, NULL, NULL, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
   tu_pstore(dt, gamma, 0, 0.0);
-  INVALID(BRD, "gamma", NULL, norma_bn_backward_reduce(&D, NULL, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  INVALID(BRD, "gamma", NULL,
+          norma_bn_backward_reduce(&D, NULL, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
   tu_pstore(dt, gamma, 0, 1.0);
-  INVALID(BRD, "sum_dy|sum_dy_xhat", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdy, sx));
-  INVALID(BRD, "sum_xhat|sum_dy", NULL, norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sdy + 1));
+  INVALID(BRD, "sum_dy|sum_dy_xhat", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdy, sx));
+  INVALID(BRD, "sum_xhat|sum_dy", NULL,
+          norma_bn_backward_reduce(&D, x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sdy + 1));
   set_nonfinite(dt, dy, 5, 1);
-  NONFINITE(BRD, "dy", norma_bn_backward_reduce(WITH(flags, NORMA_CHECK_FINITE), x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  NONFINITE(BRD, "dy",
+            norma_bn_backward_reduce(WITH(flags, NORMA_CHECK_FINITE), x, yin, dy, gamma, beta,
+                                     dmean, dinv, sdy, sdx, sx));
   tu_store(dt, dy, 5, 0.5);
-  EXPECT_SUCCESS(norma_bn_backward_reduce(WITH(n, 0), x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
+  EXPECT_SUCCESS(
+      norma_bn_backward_reduce(WITH(n, 0), x, yin, dy, gamma, beta, dmean, dinv, sdy, sdx, sx));
   {
     int zero = 1;
     for (int64_t j = 0; j < c; j++) zero &= sdy[j] == 0.0 && sdx[j] == 0.0 && sx[j] == 0.0;
@@ -480,32 +657,64 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
     tu_poison(sdy, db), tu_poison(sdx, db), tu_poison(sx, db);
   }
 
-  INVALID(BAP, "d", NULL, norma_bn_backward_apply(NULL, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "dy", NULL, norma_bn_backward_apply(&D, x, yin, NULL, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "dx", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, NULL, dres));
-  INVALID(BAP, "mean", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, NULL, dinv, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "invstd", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, NULL, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "sum_dy", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, NULL, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "sum_dy_xhat", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, NULL, isx, 6, dx, dres));
-  INVALID(BAP, "count", "0", norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 0, dx, dres));
-  INVALID(BAP, "count", "-6", norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, -6, dx, dres));
-  INVALID(BAP, "x", NULL, norma_bn_backward_apply(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "y", NULL, norma_bn_backward_apply(&D, NULL, NULL, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
-  INVALID(BAP, "dx|dy", NULL, norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, (char *)dy + es, dres));
-  INVALID(BAP, "dresidual|dx", NULL, norma_bn_backward_apply(WITH(flags, NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dx));
-  INVALID(BAP, "n", "-1", norma_bn_backward_apply(WITH(n, -1), x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
+  INVALID(BAP, "d", NULL,
+          norma_bn_backward_apply(NULL, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6,
+                                  dx, dres));
+  INVALID(BAP, "dy", NULL,
+          norma_bn_backward_apply(&D, x, yin, NULL, gamma, beta, dmean, dinv, isdy, isdx, isx, 6,
+                                  dx, dres));
+  INVALID(BAP, "dx", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6,
+                                  NULL, dres));
+  INVALID(BAP, "mean", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, NULL, dinv, isdy, isdx, isx, 6, dx,
+                                  dres));
+  INVALID(BAP, "invstd", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, NULL, isdy, isdx, isx, 6, dx,
+                                  dres));
+  INVALID(BAP, "sum_dy", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, NULL, isdx, isx, 6, dx,
+                                  dres));
+  INVALID(BAP, "sum_dy_xhat", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, NULL, isx, 6, dx,
+                                  dres));
+  INVALID(BAP, "count", "0",
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 0, dx,
+                                  dres));
+  INVALID(BAP, "count", "-6",
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, -6, dx,
+                                  dres));
+  INVALID(BAP, "x", NULL,
+          norma_bn_backward_apply(WITH(flags, NORMA_BN_RELU), NULL, yin, dy, gamma, beta, dmean,
+                                  dinv, isdy, isdx, isx, 6, dx, dres));
+  INVALID(BAP, "y", NULL,
+          norma_bn_backward_apply(&D, NULL, NULL, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6,
+                                  dx, dres));
+  INVALID(BAP, "dx|dy", NULL,
+          norma_bn_backward_apply(&D, x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6,
+                                  (char *)dy + es, dres));
+  INVALID(BAP, "dresidual|dx", NULL,
+          norma_bn_backward_apply(WITH(flags, NORMA_BN_ADD_RELU), x, yin, dy, gamma, beta, dmean,
+                                  dinv, isdy, isdx, isx, 6, dx, dx));
+  INVALID(BAP, "n", "-1",
+          norma_bn_backward_apply(WITH(n, -1), x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx,
+                                  isx, 6, dx, dres));
   set_nonfinite(dt, x, 9, 0);
-  NONFINITE(BAP, "x", norma_bn_backward_apply(WITH(flags, NORMA_CHECK_FINITE), x, yin, dy, gamma, beta, dmean, dinv, isdy, isdx, isx, 6, dx, dres));
+  NONFINITE(BAP, "x",
+            norma_bn_backward_apply(WITH(flags, NORMA_CHECK_FINITE), x, yin, dy, gamma, beta, dmean,
+                                    dinv, isdy, isdx, isx, 6, dx, dres));
   tu_store(dt, x, 9, 0.5);
   /* GLOBAL_STATS: sums and count unused */
-  EXPECT_SUCCESS(norma_bn_backward_apply(WITH(flags, NORMA_BN_GLOBAL_STATS), x, NULL, dy, gamma, beta, dmean, dinv, NULL, NULL, NULL, 0, dx, NULL));
+  EXPECT_SUCCESS(norma_bn_backward_apply(WITH(flags, NORMA_BN_GLOBAL_STATS), x, NULL, dy, gamma,
+                                         beta, dmean, dinv, NULL, NULL, NULL, 0, dx, NULL));
   tu_poison(dx, tb);
 
   INVALID(PGR, "d", NULL, norma_bn_param_grads(NULL, isdy, isdx, isx, 6, dg, dbt));
   INVALID(PGR, "sum_dy", NULL, norma_bn_param_grads(&D, NULL, isdx, isx, 6, dg, dbt));
   INVALID(PGR, "sum_dy_xhat", NULL, norma_bn_param_grads(&D, isdy, NULL, isx, 6, dg, dbt));
   INVALID(PGR, "c", "0", norma_bn_param_grads(WITH(c, 0), isdy, isdx, isx, 6, dg, dbt));
-  INVALID(PGR, "dtype", "4", norma_bn_param_grads(WITH(dtype, (norma_dtype)4), isdy, isdx, isx, 6, dg, dbt));
+  INVALID(PGR, "dtype", "4",
+          norma_bn_param_grads(WITH(dtype, (norma_dtype)4), isdy, isdx, isx, 6, dg, dbt));
   INVALID(PGR, "dgamma|dbeta", NULL, norma_bn_param_grads(&D, isdy, isdx, isx, 6, dg, dg));
   EXPECT_SUCCESS(norma_bn_param_grads(&D, isdy, isdx, NULL, 6, NULL, NULL));
 
@@ -520,14 +729,20 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
     INVALID(QP, "op", "-1", norma_bn_query_plan(&D, (norma_bn_op)-1, plan));
     INVALID(QP, "c", "0", norma_bn_query_plan(WITH(c, 0), NORMA_BN_OP_FORWARD_INFERENCE, plan));
     INVALID(QP, "n", "0", norma_bn_query_plan(WITH(n, 0), NORMA_BN_OP_FORWARD_TRAINING, plan));
-    INVALID(QP, "layout", "7", norma_bn_query_plan(WITH(layout, (norma_layout)7), NORMA_BN_OP_BACKWARD, plan));
-    INVALID(QP, "dtype", "5", norma_bn_query_plan(WITH(dtype, (norma_dtype)5), NORMA_BN_OP_BACKWARD, plan));
-    INVALID(QP, "eps", NULL, norma_bn_query_plan(WITH(eps, -1.0), NORMA_BN_OP_FORWARD_TRAINING, plan));
-    INVALID(QP, "flags", NULL, norma_bn_query_plan(WITH(flags, 1u << 20), NORMA_BN_OP_FORWARD_TRAINING, plan));
+    INVALID(QP, "layout", "7",
+            norma_bn_query_plan(WITH(layout, (norma_layout)7), NORMA_BN_OP_BACKWARD, plan));
+    INVALID(QP, "dtype", "5",
+            norma_bn_query_plan(WITH(dtype, (norma_dtype)5), NORMA_BN_OP_BACKWARD, plan));
+    INVALID(QP, "eps", NULL,
+            norma_bn_query_plan(WITH(eps, -1.0), NORMA_BN_OP_FORWARD_TRAINING, plan));
+    INVALID(QP, "flags", NULL,
+            norma_bn_query_plan(WITH(flags, 1u << 20), NORMA_BN_OP_FORWARD_TRAINING, plan));
     INVALID(QP, "flags|NORMA_BN_RELU|NORMA_BN_ADD_RELU", NULL,
-            norma_bn_query_plan(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU), NORMA_BN_OP_FORWARD_INFERENCE, plan));
+            norma_bn_query_plan(WITH(flags, NORMA_BN_RELU | NORMA_BN_ADD_RELU),
+                                NORMA_BN_OP_FORWARD_INFERENCE, plan));
     d = D, d.n = d.c = d.spatial = (int64_t)1 << 31;
-    INVALID(QP, "n|c|spatial|size", NULL, norma_bn_query_plan(&d, NORMA_BN_OP_FORWARD_INFERENCE, plan));
+    INVALID(QP, "n|c|spatial|size", NULL,
+            norma_bn_query_plan(&d, NORMA_BN_OP_FORWARD_INFERENCE, plan));
     /* one value per channel: rejected for training and a batch-statistics backward, as those
        calls reject it; fine for inference and a GLOBAL_STATS backward */
     d = D, d.n = 1, d.spatial = 1;
@@ -541,11 +756,11 @@ static void bn_errors(norma_dtype dt, norma_layout lay) {
 
   clear_regs();
   /* the buffers themselves */
-  free(x), free(res), free(dy), free(yin), free(gamma), free(beta), free(mean), free(var), free(smi),
-      free(sii), free(y), free(sm), free(si), free(rm), free(rv), free(dx), free(dres), free(dg),
-      free(dbt), free(cnt), free(mo), free(m2), free(acnt), free(amean), free(am2), free(bcnt),
-      free(bmean), free(bm2), free(mean_out), free(inv_out), free(dmean), free(dinv), free(sdy),
-      free(sdx), free(sx), free(isdy), free(isdx), free(isx), free(cnt2), free(plan);
+  free(x), free(res), free(dy), free(yin), free(gamma), free(beta), free(mean), free(var),
+      free(smi), free(sii), free(y), free(sm), free(si), free(rm), free(rv), free(dx), free(dres),
+      free(dg), free(dbt), free(cnt), free(mo), free(m2), free(acnt), free(amean), free(am2),
+      free(bcnt), free(bmean), free(bm2), free(mean_out), free(inv_out), free(dmean), free(dinv),
+      free(sdy), free(sdx), free(sx), free(isdy), free(isdx), free(isx), free(cnt2), free(plan);
 #undef WITH
 }
 
@@ -555,8 +770,10 @@ static void fold_errors(void) {
   static const char FOLD[] = "norma_bn_fold", FIW[] = "norma_bn_fold_into_weights";
   float *gamma = reg("gamma", tu_alloc(c * 4), c * 4), *beta = reg("beta", tu_alloc(c * 4), c * 4);
   float *mean = reg("mean", tu_alloc(c * 4), c * 4), *var = reg("var", tu_alloc(c * 4), c * 4);
-  float *scale = reg("scale", tu_poisoned((c + 1) * 4), (c + 1) * 4), *shift = reg("shift", tu_poisoned(c * 4), c * 4);
-  float *w = reg("weight", tu_alloc(c * per * 4), c * per * 4), *b = reg("bias", tu_alloc(c * 4), c * 4);
+  float *scale = reg("scale", tu_poisoned((c + 1) * 4), (c + 1) * 4),
+        *shift = reg("shift", tu_poisoned(c * 4), c * 4);
+  float *w = reg("weight", tu_alloc(c * per * 4), c * per * 4),
+        *b = reg("bias", tu_alloc(c * 4), c * 4);
   for (int64_t j = 0; j < c; j++) {
     gamma[j] = 1.0f + 0.1f * j, beta[j] = 0.5f - 0.2f * j, mean[j] = 0.3f * j, var[j] = 1.0f + j;
     b[j] = 0.25f * j;
@@ -571,24 +788,35 @@ static void fold_errors(void) {
   INVALID(FOLD, "eps", "-0.5", norma_bn_fold(c, gamma, beta, mean, var, -0.5, scale, shift));
   INVALID(FOLD, "eps", NULL, norma_bn_fold(c, gamma, beta, mean, var, NAN, scale, shift));
   INVALID(FOLD, "scale|shift", NULL, norma_bn_fold(c, gamma, beta, mean, var, 1e-5, scale, scale));
-  INVALID(FOLD, "scale|shift", NULL, norma_bn_fold(c, gamma, beta, mean, var, 1e-5, scale, scale + 1));
+  INVALID(FOLD, "scale|shift", NULL,
+          norma_bn_fold(c, gamma, beta, mean, var, 1e-5, scale, scale + 1));
   var[4] = -1.0f;
   INVALID(FOLD, "var", "4", norma_bn_fold(c, gamma, beta, mean, var, 1e-5, scale, shift));
   INVALID(FIW, "var", "4", norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, var, 1e-5));
   var[4] = 0.0f;
   INVALID(FOLD, "var|eps", NULL, norma_bn_fold(c, gamma, beta, mean, var, 0.0, scale, shift));
-  INVALID(FIW, "var|eps", NULL, norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, var, 0.0));
+  INVALID(FIW, "var|eps", NULL,
+          norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, var, 0.0));
   var[4] = 2.0f;
-  INVALID(FIW, "c_out", "0", norma_bn_fold_into_weights(0, per, w, b, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "per_out", "0", norma_bn_fold_into_weights(c, 0, w, b, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "per_out", "-3", norma_bn_fold_into_weights(c, -3, w, b, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "weight", NULL, norma_bn_fold_into_weights(c, per, NULL, b, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "bias", NULL, norma_bn_fold_into_weights(c, per, w, NULL, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "mean", NULL, norma_bn_fold_into_weights(c, per, w, b, gamma, beta, NULL, var, 1e-5));
-  INVALID(FIW, "var", NULL, norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, NULL, 1e-5));
+  INVALID(FIW, "c_out", "0",
+          norma_bn_fold_into_weights(0, per, w, b, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "per_out", "0",
+          norma_bn_fold_into_weights(c, 0, w, b, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "per_out", "-3",
+          norma_bn_fold_into_weights(c, -3, w, b, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "weight", NULL,
+          norma_bn_fold_into_weights(c, per, NULL, b, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "bias", NULL,
+          norma_bn_fold_into_weights(c, per, w, NULL, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "mean", NULL,
+          norma_bn_fold_into_weights(c, per, w, b, gamma, beta, NULL, var, 1e-5));
+  INVALID(FIW, "var", NULL,
+          norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, NULL, 1e-5));
   INVALID(FIW, "eps", NULL, norma_bn_fold_into_weights(c, per, w, b, gamma, beta, mean, var, -1.0));
-  INVALID(FIW, "c_out|per_out", NULL, norma_bn_fold_into_weights(c, (int64_t)1 << 61, w, b, gamma, beta, mean, var, 1e-5));
-  INVALID(FIW, "bias|weight", NULL, norma_bn_fold_into_weights(c, per, w, w + 1, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "c_out|per_out", NULL,
+          norma_bn_fold_into_weights(c, (int64_t)1 << 61, w, b, gamma, beta, mean, var, 1e-5));
+  INVALID(FIW, "bias|weight", NULL,
+          norma_bn_fold_into_weights(c, per, w, w + 1, gamma, beta, mean, var, 1e-5));
   clear_regs();
   free(gamma), free(beta), free(mean), free(var), free(scale), free(shift), free(w), free(b);
 }
@@ -667,10 +895,11 @@ static void misc(void) {
   norma_isa before = norma_get_isa();
   tu_reset_last_error();
   norma_status st = norma_set_max_isa((norma_isa)7);
-  expect_error(__LINE__, "norma_set_max_isa(7)", st, NORMA_ERR_INVALID_ARGUMENT, "norma_set_max_isa",
-               "isa", "7");
+  expect_error(__LINE__, "norma_set_max_isa(7)", st, NORMA_ERR_INVALID_ARGUMENT,
+               "norma_set_max_isa", "isa", "7");
   st = norma_set_max_isa((norma_isa)-1);
-  TU_CHECK(st == NORMA_ERR_INVALID_ARGUMENT, "norma_set_max_isa(-1) returned %s", norma_status_string(st));
+  TU_CHECK(st == NORMA_ERR_INVALID_ARGUMENT, "norma_set_max_isa(-1) returned %s",
+           norma_status_string(st));
   TU_CHECK(norma_get_isa() == before, "a rejected norma_set_max_isa changed the ISA");
   TU_CHECK(norma_set_max_isa(NORMA_ISA_SCALAR) == NORMA_OK && norma_get_isa() == NORMA_ISA_SCALAR,
            "norma_set_max_isa(SCALAR) did not select scalar");
@@ -692,10 +921,12 @@ static void misc(void) {
   /* version */
   char v[32];
   snprintf(v, sizeof v, "%d.%d.%d", NORMA_VERSION_MAJOR, NORMA_VERSION_MINOR, NORMA_VERSION_PATCH);
-  TU_CHECK(strcmp(norma_version(), v) == 0, "norma_version() = %s, header says %s", norma_version(), v);
+  TU_CHECK(strcmp(norma_version(), v) == 0, "norma_version() = %s, header says %s", norma_version(),
+           v);
   /* threads */
   norma_set_num_threads(3);
-  TU_CHECK(norma_get_num_threads() == 3, "norma_get_num_threads() = %d after set(3)", norma_get_num_threads());
+  TU_CHECK(norma_get_num_threads() == 3, "norma_get_num_threads() = %d after set(3)",
+           norma_get_num_threads());
   norma_set_num_threads(0);
   TU_CHECK(norma_get_num_threads() >= 1, "default threads %d", norma_get_num_threads());
   norma_set_num_threads(-5);
@@ -711,10 +942,13 @@ static void misc(void) {
   pthread_t th;
   TU_CHECK(pthread_create(&th, NULL, other_thread, out) == 0, "pthread_create");
   pthread_join(th, NULL);
-  TU_CHECK(out[0] && strcmp(out[0], "empty") == 0, "norma_last_error() in a new thread is not \"\"");
-  TU_CHECK(out[1] && strcmp(out[1], "set") == 0, "a failure in another thread was not recorded there");
+  TU_CHECK(out[0] && strcmp(out[0], "empty") == 0,
+           "norma_last_error() in a new thread is not \"\"");
+  TU_CHECK(out[1] && strcmp(out[1], "set") == 0,
+           "a failure in another thread was not recorded there");
   TU_CHECK(strstr(norma_last_error(), "424242") != NULL,
-           "another thread's failure replaced this thread's last error: \"%s\"", norma_last_error());
+           "another thread's failure replaced this thread's last error: \"%s\"",
+           norma_last_error());
   float sc[2], sh[2];
   const float mean2[2] = {0, 1}, var2[2] = {1, 2};
   TU_CHECK(norma_bn_fold(2, NULL, NULL, mean2, var2, 0.0, sc, sh) == NORMA_OK, "fold failed");

@@ -25,7 +25,8 @@ static void test_fold_formula(void) {
     const int gnull = variant & 1, bnull = variant & 2;
     const double eps = variant == 3 ? 0.0 : 1e-3;
     if (eps == 0.0) var[3] = 0.5f;
-    tu_set_ctx("fold gamma %s beta %s eps %g", gnull ? "NULL" : "given", bnull ? "NULL" : "given", eps);
+    tu_set_ctx("fold gamma %s beta %s eps %g", gnull ? "NULL" : "given", bnull ? "NULL" : "given",
+               eps);
     norma_status st = norma_bn_fold(c, gnull ? NULL : gamma, bnull ? NULL : beta, mean, var, eps,
                                     scale, shift);
     TU_CHECK(st == NORMA_OK, "[%s] norma_bn_fold: %s", tu_ctx, norma_last_error());
@@ -68,7 +69,8 @@ static void conv3x3(int co, int ci, int h, int w, const float *in, const float *
         for (int i = 0; i < ci; i++)
           for (int kh = 0; kh < 3; kh++)
             for (int kw = 0; kw < 3; kw++)
-              acc += (double)wt[((o * ci + i) * 3 + kh) * 3 + kw] * in[(i * h + y + kh) * w + x + kw];
+              acc +=
+                  (double)wt[((o * ci + i) * 3 + kh) * 3 + kw] * in[(i * h + y + kh) * w + x + kw];
         out[(o * oh + y) * ow + x] = acc;
       }
 }
@@ -114,7 +116,8 @@ static void test_fold_conv(void) {
     tu_cmp("folded conv vs conv + norma inference", NORMA_F32, fyf, yf, CO * P, 1e-5, 1.0);
     /* and the scale / shift of norma_bn_fold applied to the conv output */
     float sc[CO], sh[CO];
-    st = norma_bn_fold(CO, with_params ? gamma : NULL, with_params ? beta : NULL, mean, var, eps, sc, sh);
+    st = norma_bn_fold(CO, with_params ? gamma : NULL, with_params ? beta : NULL, mean, var, eps,
+                       sc, sh);
     TU_CHECK(st == NORMA_OK, "[%s] fold: %s", tu_ctx, norma_last_error());
     double sy[CO * P];
     for (int o = 0; o < CO; o++)

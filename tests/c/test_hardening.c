@@ -24,7 +24,8 @@ static void merge_overflow(void) {
   memcpy(ca0, ca, sizeof ca), memcpy(ma0, ma, sizeof ma), memcpy(qa0, qa, sizeof qa);
   norma_status st = norma_bn_moments_merge(2, ca, ma, qa, cb, mb, qb);
   EXPECT(st, NORMA_ERR_INVALID_ARGUMENT, "merge: INT64_MAX - 1 + 5");
-  TU_CHECK(!memcmp(ca, ca0, sizeof ca) && !memcmp(ma, ma0, sizeof ma) && !memcmp(qa, qa0, sizeof qa),
+  TU_CHECK(!memcmp(ca, ca0, sizeof ca) && !memcmp(ma, ma0, sizeof ma) &&
+               !memcmp(qa, qa0, sizeof qa),
            "merge: a was written on error (count_a[0] = %lld)", (long long)ca[0]);
   TU_CHECK(strstr(norma_last_error(), "overflow") != NULL, "merge message: %s", norma_last_error());
   /* the largest sum that fits is accepted */
@@ -260,7 +261,8 @@ static void streaming_range(void) {
     m.flags = 0;
     EXPECT(norma_set_streaming_stores((int64_t)8 << 20, big), NORMA_OK, "min 8 MiB");
     EXPECT(norma_bn_query_plan(&m, NORMA_BN_OP_FORWARD_TRAINING, &p), NORMA_OK, "plan 12 MiB");
-    TU_CHECK(p.streaming_stores == 1, "12 MiB forward, min 8 MiB: streaming %d", p.streaming_stores);
+    TU_CHECK(p.streaming_stores == 1, "12 MiB forward, min 8 MiB: streaming %d",
+             p.streaming_stores);
     EXPECT(norma_set_streaming_stores(0, big), NORMA_OK, "defaults");
   }
   EXPECT(norma_set_streaming_stores(0, (int64_t)8 << 20), NORMA_OK, "max 8 MiB");

@@ -27,7 +27,9 @@ typedef struct outs {
 /* the same bits, or both NaN (C leaves a NaN's sign and payload to the compiler, which may swap
    the operands of a commutative operation) */
 static int same_f(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
-static int same_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
+static int same_d(double a, double b) {
+  return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+}
 static int same_outs(const outs *a, const outs *b) {
   int ok = 1;
   for (int k = 0; k < N; k++)
@@ -92,7 +94,8 @@ static void check_isa(const char *isa, consts_fn fc) {
     for (int n = 0; n <= N; n++) {
       outs a, b;
       memset(&a, 0x5a, sizeof a), memset(&b, 0x5a, sizeof b);
-      const norm_fwd_block ba = block_of(mean, mlo, sc, beta, &a), bb = block_of(mean, mlo, sc, beta, &b);
+      const norm_fwd_block ba = block_of(mean, mlo, sc, beta, &a),
+                           bb = block_of(mean, mlo, sc, beta, &b);
       const int sa = norm_fwd_consts_scalar(&ba, 0, n);
       if (!fc) check_scalar_formula(mean, mlo, sc, beta, n, &a, sa);
       if (!fc) continue;
@@ -144,7 +147,9 @@ static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, doub
   switch (which) {
     case 0: o->fwd_stats(d[0], d[1], d[2], m, eps, d[4], d[5], d[6], d[7], n); break;
     case 1: o->xhat_consts(d[0], d[1], f[4], f[5], f[6], n); break;
-    case 2: o->bwd_consts(d[0], d[1], d[2], d[3], m, eps != 0.0, f[4], f[5], f[6], f[7], d[4], n); break;
+    case 2:
+      o->bwd_consts(d[0], d[1], d[2], d[3], m, eps != 0.0, f[4], f[5], f[6], f[7], d[4], n);
+      break;
     case 3: o->lower_x(f[0], f[1], f[2], f[4], f[5], f[6], f[7], n); break;
     case 4: /* o: [C_COUNT][cs] with cs = N, the four backward rows at C_GM .. C_DD */
     {
@@ -174,14 +179,16 @@ static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, doub
       break;
     }
     default: /* absorb (6: the statistics' merge, 7: the backward's sums) into totals d[4..6] */
-      for (int k = 0; k < N; k++) d[4][k] = d[3][k], d[5][k] = d[0][k] * 0.5, d[6][k] = d[1][k] + 1.0;
+      for (int k = 0; k < N; k++)
+        d[4][k] = d[3][k], d[5][k] = d[0][k] * 0.5, d[6][k] = d[1][k] + 1.0;
       o->absorb(which == 6, d[4], d[5], d[6], d[0], d[1], d[2], m, n);
       break;
   }
 }
 
 /* the baseline copy against the formulas of the engine and op_bn.c, written out */
-static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, double m, double eps) {
+static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, double m,
+                         double eps) {
   for (int k = 0; k < n; k++) {
     const double *d0 = in->d[0], *d1 = in->d[1], *d2 = in->d[2], *d3 = in->d[3];
     const float *f0 = in->f[0], *f1 = in->f[1], *f2 = in->f[2];
@@ -189,7 +196,8 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
       const double a = d0[k], v0 = (d1[k] - a * (a * (1.0 / m))) / m, v = v0 < 0.0 ? 0.0 : v0;
       const double s = d2[k] + a * (1.0 / m), bb = s - d2[k];
       const double is = (v == 0.0 && eps == 0.0) ? 0.0 : 1.0 / sqrt(v + eps);
-      TU_CHECK(same_d(o->d[4][k], s) && same_d(o->d[5][k], (d2[k] - (s - bb)) + (a * (1.0 / m) - bb)) &&
+      TU_CHECK(same_d(o->d[4][k], s) &&
+                   same_d(o->d[5][k], (d2[k] - (s - bb)) + (a * (1.0 / m) - bb)) &&
                    same_d(o->d[6][k], v) && same_d(o->d[7][k], is),
                "fwd_stats formula, channel %d", k);
     } else if (which == 1) {
@@ -200,7 +208,8 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
                "xhat_consts formula, channel %d", k);
     } else if (which == 2) {
       const double sx = d2[k] / m;
-      const double s = eps != 0.0 && sx <= 0.0625 && sx >= -0.0625 ? sx : 0.0, S = d1[k] - s * d0[k];
+      const double s = eps != 0.0 && sx <= 0.0625 && sx >= -0.0625 ? sx : 0.0,
+                   S = d1[k] - s * d0[k];
       const double kk = d3[k], mg = d0[k] / m, soc = S / m;
       const float gmf = (float)mg;
       TU_CHECK(same_f(o->f[4][k], gmf) && same_f(o->f[5][k], (float)kk) &&
@@ -230,7 +239,8 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
                    same_f(o->f[7][k], (float)(0.9 * (double)in->f[3][k] + 0.1 * v)),
                "fwd_tail formula, channel %d", k);
     } else if (which >= 6) {
-      const double T1 = d3[k], T2 = d0[k] * 0.5, T3 = d1[k] + 1.0, delta = d2[k] - T3, ld = m * delta;
+      const double T1 = d3[k], T2 = d0[k] * 0.5, T3 = d1[k] + 1.0, delta = d2[k] - T3,
+                   ld = m * delta;
       const double w1 = which == 6 ? T1 + (d0[k] + ld) : T1 + d0[k];
       const double w2 = which == 6 ? T2 + (d1[k] + 2.0 * delta * d0[k] + ld * delta) : T2 + d1[k];
       const double w3 = which == 6 ? T3 : T3 + d2[k];

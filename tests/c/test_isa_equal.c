@@ -196,7 +196,8 @@ int main(void) {
             for (int gi = 0; gi < 2; gi++) {
               norma_gn_desc d = {n, c, s, gs[gi], (norma_layout)lay, dt, 1e-5, gnf[f]};
               snprintf(what, sizeof what, "gn %s %s c=%lld s=%lld G=%lld flags=%u", tu_dt_name(dt),
-                       tu_layout_name(d.layout), (long long)c, (long long)s, (long long)gs[gi], gnf[f]);
+                       tu_layout_name(d.layout), (long long)c, (long long)s, (long long)gs[gi],
+                       gnf[f]);
               compare(what, run_gn, &d, dt, n * c * s, c, n * gs[gi], seed++);
             }
           if (s >= 2) {

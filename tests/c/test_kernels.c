@@ -173,7 +173,8 @@ static void run_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dt
   /* dx = gamma * invstd * (something of order 1): its natural scale per channel */
   double *dx_floor = tu_alloc(db);
   for (int64_t j = 0; j < c; j++)
-    dx_floor[j] = fmax(1.0, fabs(gamma ? tu_pload(dt, gamma, j) : 1.0) * tu_pload(dt, bw_invstd, j));
+    dx_floor[j] =
+        fmax(1.0, fabs(gamma ? tu_pload(dt, gamma, j) : 1.0) * tu_pload(dt, bw_invstd, j));
 
   /* ---- backward, with x, then with x == NULL (x_hat recovered from y) ---- */
   if (train || v->global) {
@@ -292,7 +293,8 @@ static void run_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_dt
     for (int64_t j = 0; j < c; j++)
       dx_floor[j] = fmax(1.0, fabs(gamma ? tu_pload(dt, gamma, j) : 1.0) * invstd[j]);
     tu_cmp_chan("backward_apply dx", dt, dx_p.p, dx_r.p, lay, n, c, s, tt, dx_floor);
-    if (act == 2 && !v->dres_null) tu_cmp("backward_apply dresidual", dt, dr_p.p, dr_r.p, total, 0.0, 0.0);
+    if (act == 2 && !v->dres_null)
+      tu_cmp("backward_apply dresidual", dt, dr_p.p, dr_r.p, total, 0.0, 0.0);
     else tu_check_poison("backward_apply dresidual (must be ignored)", dr_p.p, tb);
 
     free(cnt_r), free(cnt_p), free(mean_r), free(mean_p), free(m2_r), free(m2_p);
@@ -442,7 +444,8 @@ int main(void) {
       if (quick && k != 1) continue;
       norma_bn_desc d = {n, c, s, lay, dt, 1e-5, 0};
       norma_bn_plan plan;
-      if (norma_bn_query_plan(&d, NORMA_BN_OP_FORWARD_INFERENCE, &plan) == NORMA_OK && !plan.streaming_stores)
+      if (norma_bn_query_plan(&d, NORMA_BN_OP_FORWARD_INFERENCE, &plan) == NORMA_OK &&
+          !plan.streaming_stores)
         printf("test_kernels: note: n=%lld c=%lld s=%lld %s %s does not use streaming stores\n",
                (long long)n, (long long)c, (long long)s, tu_dt_name(dt), tu_layout_name(lay));
       seed++;

@@ -88,7 +88,8 @@ static int run_all(const problem *p, outs *o) {
          *db = out(o, "dbeta", pb);
     memcpy(rm, p->rm0, pb);
     memcpy(rv, p->rv0, pb);
-    bad += norma_in_forward_training(&d, p->x, p->gamma, p->beta, y, sm, si, rm, rv, 0.25) != NORMA_OK;
+    bad +=
+        norma_in_forward_training(&d, p->x, p->gamma, p->beta, y, sm, si, rm, rv, 0.25) != NORMA_OK;
     bad += norma_in_forward_inference(&d, p->x, p->gamma, p->beta, p->rm0, p->rv0, yi) != NORMA_OK;
     bad += norma_in_backward(&d, p->x, y, p->dy, p->gamma, p->beta, sm, si, dx, dg, db) != NORMA_OK;
   }
@@ -168,15 +169,18 @@ static void test_concurrent(void) {
     memset(j, 0, sizeof *j);
     const int fam = k; /* LN, RMS, GN, IN */
     const norma_dtype dt = TN_DTS[(k + 1) % 4];
-    const int64_t n = fam <= FAM_RMS ? 90 : 3, c = fam <= FAM_RMS ? 500 : 32, s = fam <= FAM_RMS ? 1 : 401;
+    const int64_t n = fam <= FAM_RMS ? 90 : 3, c = fam <= FAM_RMS ? 500 : 32,
+                  s = fam <= FAM_RMS ? 1 : 401;
     j->p = (problem){.fam = fam, .n = n, .c = c, .s = s, .groups = fam == FAM_GN ? 4 : c,
                      .lay = (norma_layout)(k % 2), .dt = dt,
                      .flags = fam == FAM_GN ? NORMA_SILU : fam == FAM_IN ? NORMA_RELU : 0u};
     const int64_t total = n * c * s;
     const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
     tu_rng r = tu_rng_make(77 + k);
-    j->p.x = tu_alloc(tb), j->p.res = tu_alloc(tb), j->p.dy = tu_alloc(tb), j->p.dsum = tu_alloc(tb);
-    j->p.gamma = tu_alloc(pb), j->p.beta = tu_alloc(pb), j->p.rm0 = tu_alloc(pb), j->p.rv0 = tu_alloc(pb);
+    j->p.x = tu_alloc(tb), j->p.res = tu_alloc(tb), j->p.dy = tu_alloc(tb),
+    j->p.dsum = tu_alloc(tb);
+    j->p.gamma = tu_alloc(pb), j->p.beta = tu_alloc(pb), j->p.rm0 = tu_alloc(pb),
+    j->p.rv0 = tu_alloc(pb);
     tu_fill_uniform(dt, j->p.x, total, &r, -3, 5);
     tu_fill_uniform(dt, j->p.res, total, &r, -1, 1);
     tu_fill_uniform(dt, j->p.dy, total, &r, -1, 1);
@@ -225,7 +229,8 @@ int main(void) {
     const norma_dtype dt = TN_DTS[t];
     for (int fam = FAM_LN; fam <= FAM_RMS; fam++) {
       det_case(fam, 300, 1024, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++);
-      if (!quick) det_case(fam, 301, 1030, 1, 1, NORMA_CHANNELS_LAST, dt, NORMA_CHECK_FINITE, seed++);
+      if (!quick)
+        det_case(fam, 301, 1030, 1, 1, NORMA_CHANNELS_LAST, dt, NORMA_CHECK_FINITE, seed++);
       det_case(fam, 7, 8200, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++); /* few rows, long */
       /* the backward's four units of 10 rows (the last 7), threaded from 16384 values */
       det_case(fam, 37, 769, 1, 1, NORMA_CHANNELS_LAST, dt, 0, seed++);

@@ -43,7 +43,8 @@ static void verify(int line, const char *call) {
   int changed = 0;
   for (int i = 0; i < nregs; i++)
     if (memcmp(regs[i].copy, regs[i].p, regs[i].bytes) != 0) {
-      tu_check_at(0, line, "[%s] %s: %s was modified by a failing call", tu_ctx, call, regs[i].name);
+      tu_check_at(0, line, "[%s] %s: %s was modified by a failing call", tu_ctx, call,
+                  regs[i].name);
       changed = 1;
       memcpy(regs[i].p, regs[i].copy, regs[i].bytes); /* restore for the next case */
     }
@@ -61,7 +62,8 @@ static void expect_error(int line, const char *call, norma_status got, norma_sta
               norma_status_string(got), norma_status_string(want), msg);
   if (got == NORMA_OK) return;
   const int fresh = msg && *msg && !strstr(msg, "424242");
-  tu_check_at(fresh, line, "[%s] %s: last error not set (\"%s\")", tu_ctx, call, msg ? msg : "(null)");
+  tu_check_at(fresh, line, "[%s] %s: last error not set (\"%s\")", tu_ctx, call,
+              msg ? msg : "(null)");
   if (!fresh) return;
   tu_check_at(strstr(msg, fn) != NULL, line, "[%s] %s: message \"%s\" does not name %s", tu_ctx,
               call, msg, fn);
@@ -85,7 +87,8 @@ static void expect_error(int line, const char *call, norma_status got, norma_sta
     expect_error(__LINE__, #call, st_, want, fn, words, value); \
     verify(__LINE__, #call);                                    \
   } while (0)
-#define INVALID(fn, words, value, call) EXPECT_ERR(NORMA_ERR_INVALID_ARGUMENT, fn, words, value, call)
+#define INVALID(fn, words, value, call)                                                            \
+  EXPECT_ERR(NORMA_ERR_INVALID_ARGUMENT, fn, words, value, call)
 #define NONFINITE(fn, words, call) EXPECT_ERR(NORMA_ERR_NONFINITE, fn, words, NULL, call)
 #define EXPECT_SUCCESS(call)                                                                \
   do {                                                                                      \
@@ -112,7 +115,8 @@ static void row_errors(int rms, norma_dtype dt) {
   const char *SI = rms ? "save_invrms" : "save_invstd";
   tu_rng r = tu_rng_make(11 + dt * 2 + rms);
   /* inputs, with room for one more element (partial overlaps) */
-  void *x = reg("x", tu_alloc(tb + es), tb + es), *res = reg("residual", tu_alloc(tb + es), tb + es);
+  void *x = reg("x", tu_alloc(tb + es), tb + es),
+       *res = reg("residual", tu_alloc(tb + es), tb + es);
   void *dy = reg("dy", tu_alloc(tb + es), tb + es), *dsum = reg("dsum", tu_alloc(tb), tb);
   void *gamma = reg("gamma", tu_alloc(pb + 8), pb + 8), *beta = reg("beta", tu_alloc(pb), pb);
   void *smi = reg("save_mean (input)", tu_alloc(gb + 8), gb + 8);
@@ -126,10 +130,13 @@ static void row_errors(int rms, norma_dtype dt) {
   tu_fill_param(dt, smi, rows + 1, &r, -1, 1);
   tu_fill_param(dt, sii, rows, &r, 0.5, 2);
   /* outputs, poisoned */
-  void *y = reg("y", tu_poisoned(tb + es), tb + es), *sum = reg("sum", tu_poisoned(tb + es), tb + es);
-  void *sm = reg("save_mean", tu_poisoned(gb + 8), gb + 8), *si = reg(SI, tu_poisoned(gb + 8), gb + 8);
+  void *y = reg("y", tu_poisoned(tb + es), tb + es),
+       *sum = reg("sum", tu_poisoned(tb + es), tb + es);
+  void *sm = reg("save_mean", tu_poisoned(gb + 8), gb + 8),
+       *si = reg(SI, tu_poisoned(gb + 8), gb + 8);
   void *dx = reg("dx", tu_poisoned(tb + es), tb + es);
-  void *dg = reg("dgamma", tu_poisoned(pb + 8), pb + 8), *dbt = reg("dbeta", tu_poisoned(pb + 8), pb + 8);
+  void *dg = reg("dgamma", tu_poisoned(pb + 8), pb + 8),
+       *dbt = reg("dbeta", tu_poisoned(pb + 8), pb + 8);
   const norma_ln_desc D = {rows, d, dt, 1e-5, 0};
   norma_ln_desc dd;
 #define WITH(field, val) (dd = D, dd.field = (val), &dd)
@@ -155,7 +162,8 @@ static void row_errors(int rms, norma_dtype dt) {
   INVALID(FWD, "eps", NULL, F(WITH(eps, NAN), x, res, y, sum, sm, si));
   INVALID(FWD, "eps", NULL, F(WITH(eps, INFINITY), x, res, y, sum, sm, si));
   INVALID(FWD, "flags", NULL, F(WITH(flags, UNKNOWN1), x, res, y, sum, sm, si));
-  INVALID(FWD, "flags", NULL, F(WITH(flags, UNKNOWN2 | NORMA_CHECK_FINITE), x, res, y, sum, sm, si));
+  INVALID(FWD, "flags", NULL,
+          F(WITH(flags, UNKNOWN2 | NORMA_CHECK_FINITE), x, res, y, sum, sm, si));
   /* flags LayerNorm / RMSNorm do not take */
   INVALID(FWD, "flags", NULL, F(WITH(flags, NORMA_RELU), x, res, y, sum, sm, si));
   INVALID(FWD, "flags", NULL, F(WITH(flags, NORMA_SILU), x, res, y, sum, sm, si));
@@ -163,7 +171,8 @@ static void row_errors(int rms, norma_dtype dt) {
   INVALID(FWD, "flags", NULL, F(WITH(flags, NORMA_BN_BIASED_RUNNING_VAR), x, res, y, sum, sm, si));
   INVALID(FWD, "flags", NULL, F(WITH(flags, NORMA_BN_GLOBAL_STATS), x, res, y, sum, sm, si));
   INVALID(FWD, "flags", NULL, F(WITH(flags, NORMA_BN_COUNT_WEIGHTED), x, res, y, sum, sm, si));
-  INVALID(FWD, "flags|NORMA_RELU|NORMA_SILU", NULL, F(WITH(flags, NORMA_RELU | NORMA_SILU), x, res, y, sum, sm, si));
+  INVALID(FWD, "flags|NORMA_RELU|NORMA_SILU", NULL,
+          F(WITH(flags, NORMA_RELU | NORMA_SILU), x, res, y, sum, sm, si));
   /* sizes whose element or byte count overflows */
   dd = D, dd.rows = (int64_t)1 << 62, dd.d = 4;
   INVALID(FWD, "rows|d->d|size|overflows", NULL, F(&dd, x, res, y, sum, sm, si));
@@ -232,7 +241,8 @@ static void row_errors(int rms, norma_dtype dt) {
   INVALID(BWD, "eps", NULL, B(WITH(eps, -0.5), x, dy, dsum, smi, sii, dx, dg, dbt));
   INVALID(BWD, "eps", NULL, B(WITH(eps, NAN), x, dy, dsum, smi, sii, dx, dg, dbt));
   INVALID(BWD, "flags", NULL, B(WITH(flags, NORMA_RELU), x, dy, dsum, smi, sii, dx, dg, dbt));
-  INVALID(BWD, "flags", NULL, B(WITH(flags, NORMA_BN_GLOBAL_STATS), x, dy, dsum, smi, sii, dx, dg, dbt));
+  INVALID(BWD, "flags", NULL,
+          B(WITH(flags, NORMA_BN_GLOBAL_STATS), x, dy, dsum, smi, sii, dx, dg, dbt));
   INVALID(BWD, "flags", NULL, B(WITH(flags, UNKNOWN1), x, dy, dsum, smi, sii, dx, dg, dbt));
   dd = D, dd.rows = (int64_t)1 << 62, dd.d = 4;
   INVALID(BWD, "rows|d->d|size|overflows", NULL, B(&dd, x, dy, dsum, smi, sii, dx, dg, dbt));
@@ -293,7 +303,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   tu_rng r = tu_rng_make(31 + dt * 4 + lay * 2 + inorm);
   void *x = reg("x", tu_alloc(tb + es), tb + es), *dy = reg("dy", tu_alloc(tb + es), tb + es);
   void *yin = reg("y (input)", tu_alloc(tb + es), tb + es);
-  void *gamma = reg("gamma", tu_alloc(pb + 8), pb + 8), *beta = reg("beta", tu_alloc(pb + 8), pb + 8);
+  void *gamma = reg("gamma", tu_alloc(pb + 8), pb + 8),
+       *beta = reg("beta", tu_alloc(pb + 8), pb + 8);
   void *mean = reg("mean", tu_alloc(pb), pb), *var = reg("var", tu_alloc(pb), pb);
   void *smi = reg("save_mean (input)", tu_alloc(gb + 8), gb + 8);
   void *sii = reg("save_invstd (input)", tu_alloc(gb + 8), gb + 8);
@@ -307,31 +318,37 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   tu_fill_param(dt, smi, ng + 1, &r, -1, 1);
   tu_fill_param(dt, sii, ng + 1, &r, 0.5, 2);
   void *y = reg("y", tu_poisoned(tb + es), tb + es);
-  void *sm = reg("save_mean", tu_poisoned(gb + 8), gb + 8), *si = reg("save_invstd", tu_poisoned(gb + 8), gb + 8);
-  void *rm = reg("running_mean", tu_alloc(pb + 8), pb + 8), *rv = reg("running_var", tu_alloc(pb), pb);
+  void *sm = reg("save_mean", tu_poisoned(gb + 8), gb + 8),
+       *si = reg("save_invstd", tu_poisoned(gb + 8), gb + 8);
+  void *rm = reg("running_mean", tu_alloc(pb + 8), pb + 8),
+       *rv = reg("running_var", tu_alloc(pb), pb);
   tu_fill_param(dt, rm, c + 1, &r, -1, 1);
   tu_fill_param(dt, rv, c, &r, 0.5, 2);
   void *dx = reg("dx", tu_poisoned(tb + es), tb + es);
-  void *dg = reg("dgamma", tu_poisoned(pb + 8), pb + 8), *dbt = reg("dbeta", tu_poisoned(pb + 8), pb + 8);
+  void *dg = reg("dgamma", tu_poisoned(pb + 8), pb + 8),
+       *dbt = reg("dbeta", tu_poisoned(pb + 8), pb + 8);
   const norma_gn_desc GD = {n, c, s, groups, lay, dt, 1e-5, 0};
   const norma_in_desc ID = {n, c, s, lay, dt, 1e-5, 0};
   norma_gn_desc gd;
   norma_in_desc id;
   const double mom = 0.1;
   /* one macro per call, the descriptor's field changed by `set` (a statement on gd / id) */
-#define FD(set, xx, yy, m, s_, rmm, rvv, mo)                                                    \
-  (gd = GD, id = ID, set, inorm ? norma_in_forward_training(&id, xx, gamma, beta, yy, m, s_, rmm, rvv, mo) \
-                                : norma_gn_forward(&gd, xx, gamma, beta, yy, m, s_))
+#define FD(set, xx, yy, m, s_, rmm, rvv, mo)                                                       \
+  (gd = GD, id = ID, set,                                                                          \
+   inorm ? norma_in_forward_training(&id, xx, gamma, beta, yy, m, s_, rmm, rvv, mo)                \
+         : norma_gn_forward(&gd, xx, gamma, beta, yy, m, s_))
 #define F(xx, yy, m, s_) FD((void)0, xx, yy, m, s_, rm, rv, mom)
-#define BD(set, xx, yy, dd_, m, s_, ddx, g, b)                                                   \
-  (gd = GD, id = ID, set, inorm ? norma_in_backward(&id, xx, yy, dd_, gamma, beta, m, s_, ddx, g, b) \
-                                : norma_gn_backward(&gd, xx, yy, dd_, gamma, beta, m, s_, ddx, g, b))
+#define BD(set, xx, yy, dd_, m, s_, ddx, g, b)                                                     \
+  (gd = GD, id = ID, set,                                                                          \
+   inorm ? norma_in_backward(&id, xx, yy, dd_, gamma, beta, m, s_, ddx, g, b)                      \
+         : norma_gn_backward(&gd, xx, yy, dd_, gamma, beta, m, s_, ddx, g, b))
 #define B(xx, yy, dd_, m, s_, ddx, g, b) BD((void)0, xx, yy, dd_, m, s_, ddx, g, b)
 #define BOTH(field, val) (gd.field = (val), id.field = (val))
 
   /* ---- forward ---- */
-  INVALID(FWD, "d", NULL, inorm ? norma_in_forward_training(NULL, x, gamma, beta, y, sm, si, rm, rv, mom)
-                                : norma_gn_forward(NULL, x, gamma, beta, y, sm, si));
+  INVALID(FWD, "d", NULL,
+          inorm ? norma_in_forward_training(NULL, x, gamma, beta, y, sm, si, rm, rv, mom)
+                : norma_gn_forward(NULL, x, gamma, beta, y, sm, si));
   INVALID(FWD, "x", NULL, F(NULL, y, sm, si));
   INVALID(FWD, "y", NULL, F(x, NULL, sm, si));
   INVALID(FWD, "n", "0", FD(BOTH(n, 0), x, y, sm, si, rm, rv, mom));
@@ -343,7 +360,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   if (!inorm) {
     INVALID(FWD, "groups", "0", FD(gd.groups = 0, x, y, sm, si, rm, rv, mom));
     INVALID(FWD, "groups", "-3", FD(gd.groups = -3, x, y, sm, si, rm, rv, mom));
-    INVALID(FWD, "groups", "4", FD(gd.groups = 4, x, y, sm, si, rm, rv, mom));  /* 4 does not divide 6 */
+    INVALID(FWD, "groups", "4",
+            FD(gd.groups = 4, x, y, sm, si, rm, rv, mom)); /* 4 does not divide 6 */
     INVALID(FWD, "groups", "12", FD(gd.groups = 12, x, y, sm, si, rm, rv, mom)); /* more than c */
   } else {
     /* training needs more than one value per instance */
@@ -363,13 +381,15 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   INVALID(FWD, "flags", NULL, FD(BOTH(flags, NORMA_BN_GLOBAL_STATS), x, y, sm, si, rm, rv, mom));
   INVALID(FWD, "flags", NULL, FD(BOTH(flags, NORMA_BN_COUNT_WEIGHTED), x, y, sm, si, rm, rv, mom));
   if (!inorm) /* GroupNorm has no running statistics */
-    INVALID(FWD, "flags", NULL, FD(gd.flags = NORMA_BN_BIASED_RUNNING_VAR, x, y, sm, si, rm, rv, mom));
+    INVALID(FWD, "flags", NULL,
+            FD(gd.flags = NORMA_BN_BIASED_RUNNING_VAR, x, y, sm, si, rm, rv, mom));
   INVALID(FWD, "flags|NORMA_RELU|NORMA_SILU", NULL,
           FD(BOTH(flags, NORMA_RELU | NORMA_SILU), x, y, sm, si, rm, rv, mom));
   INVALID(FWD, "n|c|spatial|size|overflows", NULL,
           FD((BOTH(n, (int64_t)1 << 62), BOTH(c, 6), BOTH(spatial, 1)), x, y, sm, si, rm, rv, mom));
   INVALID(FWD, "n|c|spatial|size|overflows", NULL,
-          FD((BOTH(n, (int64_t)1 << 31), BOTH(c, 6), BOTH(spatial, (int64_t)1 << 31)), x, y, sm, si, rm, rv, mom));
+          FD((BOTH(n, (int64_t)1 << 31), BOTH(c, 6), BOTH(spatial, (int64_t)1 << 31)), x, y, sm, si,
+             rm, rv, mom));
   INVALID(FWD, "n|c|spatial|size|overflows", NULL,
           FD((BOTH(n, INT64_MAX), BOTH(spatial, 2)), x, y, sm, si, rm, rv, mom));
   if (inorm) {
@@ -388,7 +408,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   INVALID(FWD, "save_invstd|x", NULL, F(x, y, sm, x));
   if (inorm) {
     INVALID(FWD, "running_mean|running_var", NULL, FD((void)0, x, y, sm, si, rm, rm, mom));
-    INVALID(FWD, "running_mean|running_var", NULL, FD((void)0, x, y, sm, si, rm, (char *)rm + 4, mom));
+    INVALID(FWD, "running_mean|running_var", NULL,
+            FD((void)0, x, y, sm, si, rm, (char *)rm + 4, mom));
     INVALID(FWD, "running_mean|save_mean", NULL, FD((void)0, x, y, sm, si, sm, rv, mom));
     INVALID(FWD, "running_var|gamma", NULL, FD((void)0, x, y, sm, si, rm, gamma, mom));
   }
@@ -407,7 +428,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   tu_pstore(dt, gamma, c - 1, 1.0);
   set_nonfinite(pt, beta, 0, 0);
   snap();
-  NONFINITE(FWD, "beta", FD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_RELU), x, y, sm, si, rm, rv, mom));
+  NONFINITE(FWD, "beta",
+            FD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_RELU), x, y, sm, si, rm, rv, mom));
   tu_pstore(dt, beta, 0, 0.0);
   if (inorm) {
     set_nonfinite(pt, rm, 2, 0);
@@ -426,7 +448,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
 
   /* ---- InstanceNorm inference ---- */
   if (inorm) {
-#define FI(set, xx, m, v, yy) (id = ID, set, norma_in_forward_inference(&id, xx, gamma, beta, m, v, yy))
+#define FI(set, xx, m, v, yy)                                                                      \
+  (id = ID, set, norma_in_forward_inference(&id, xx, gamma, beta, m, v, yy))
     INVALID(INF, "d", NULL, norma_in_forward_inference(NULL, x, gamma, beta, mean, var, y));
     INVALID(INF, "x", NULL, FI((void)0, NULL, mean, var, y));
     INVALID(INF, "mean", NULL, FI((void)0, x, NULL, var, y));
@@ -440,8 +463,10 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
     INVALID(INF, "eps", NULL, FI(id.eps = -2.0, x, mean, var, y));
     INVALID(INF, "flags", NULL, FI(id.flags = NORMA_BN_ADD_RELU, x, mean, var, y));
     INVALID(INF, "flags", NULL, FI(id.flags = UNKNOWN1, x, mean, var, y));
-    INVALID(INF, "flags|NORMA_RELU|NORMA_SILU", NULL, FI(id.flags = NORMA_RELU | NORMA_SILU, x, mean, var, y));
-    INVALID(INF, "n|c|spatial|size|overflows", NULL, FI((id.n = (int64_t)1 << 62, id.spatial = 1), x, mean, var, y));
+    INVALID(INF, "flags|NORMA_RELU|NORMA_SILU", NULL,
+            FI(id.flags = NORMA_RELU | NORMA_SILU, x, mean, var, y));
+    INVALID(INF, "n|c|spatial|size|overflows", NULL,
+            FI((id.n = (int64_t)1 << 62, id.spatial = 1), x, mean, var, y));
     INVALID(INF, "y|x", NULL, FI((void)0, x, mean, var, (char *)x + es));
     INVALID(INF, "y|mean", NULL, FI((void)0, x, mean, var, mean));
     INVALID(INF, "y|gamma", NULL, FI((void)0, x, mean, var, gamma));
@@ -472,8 +497,9 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   }
 
   /* ---- backward ---- */
-  INVALID(BWD, "d", NULL, inorm ? norma_in_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dg, dbt)
-                                : norma_gn_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dg, dbt));
+  INVALID(BWD, "d", NULL,
+          inorm ? norma_in_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dg, dbt)
+                : norma_gn_backward(NULL, x, yin, dy, gamma, beta, smi, sii, dx, dg, dbt));
   INVALID(BWD, "x", NULL, B(NULL, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "dy", NULL, B(x, yin, NULL, smi, sii, dx, dg, dbt));
   INVALID(BWD, "save_mean", NULL, B(x, yin, dy, NULL, sii, dx, dg, dbt));
@@ -490,8 +516,10 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   INVALID(BWD, "layout", "2", BD(BOTH(layout, (norma_layout)2), x, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "dtype", "4", BD(BOTH(dtype, (norma_dtype)4), x, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "eps", NULL, BD(BOTH(eps, -1e-3), x, yin, dy, smi, sii, dx, dg, dbt));
-  INVALID(BWD, "flags", NULL, BD(BOTH(flags, NORMA_BN_ADD_RELU), x, yin, dy, smi, sii, dx, dg, dbt));
-  INVALID(BWD, "flags", NULL, BD(BOTH(flags, NORMA_BN_GLOBAL_STATS), x, yin, dy, smi, sii, dx, dg, dbt));
+  INVALID(BWD, "flags", NULL,
+          BD(BOTH(flags, NORMA_BN_ADD_RELU), x, yin, dy, smi, sii, dx, dg, dbt));
+  INVALID(BWD, "flags", NULL,
+          BD(BOTH(flags, NORMA_BN_GLOBAL_STATS), x, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "flags", NULL, BD(BOTH(flags, UNKNOWN2), x, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "flags|NORMA_RELU|NORMA_SILU", NULL,
           BD(BOTH(flags, NORMA_RELU | NORMA_SILU), x, yin, dy, smi, sii, dx, dg, dbt));
@@ -499,7 +527,8 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
           BD((BOTH(n, (int64_t)1 << 62), BOTH(spatial, 1)), x, yin, dy, smi, sii, dx, dg, dbt));
   INVALID(BWD, "dx|dy", NULL, B(x, yin, dy, smi, sii, (char *)dy + es, dg, dbt));
   INVALID(BWD, "dx|x", NULL, B(x, yin, dy, smi, sii, (char *)x + es, dg, dbt));
-  INVALID(BWD, "dx|y", NULL, BD(BOTH(flags, NORMA_RELU), x, yin, dy, smi, sii, (char *)yin + es, dg, dbt));
+  INVALID(BWD, "dx|y", NULL,
+          BD(BOTH(flags, NORMA_RELU), x, yin, dy, smi, sii, (char *)yin + es, dg, dbt));
   INVALID(BWD, "dgamma|dbeta", NULL, B(x, yin, dy, smi, sii, dx, dg, dg));
   INVALID(BWD, "dgamma|dbeta", NULL, B(x, yin, dy, smi, sii, dx, dg, (char *)dg + 4));
   INVALID(BWD, "dgamma|gamma", NULL, B(x, yin, dy, smi, sii, dx, gamma, dbt));
@@ -513,14 +542,17 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   tu_store(dt, x, total - 1, 0.5);
   set_nonfinite(dt, dy, 4, 1);
   snap();
-  NONFINITE(BWD, "dy", BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, yin, dy, smi, sii, dx, dg, dbt));
+  NONFINITE(BWD, "dy",
+            BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, yin, dy, smi, sii, dx, dg, dbt));
   tu_store(dt, dy, 4, 0.5);
   set_nonfinite(dt, yin, total - 1, 0);
   snap();
-  NONFINITE(BWD, "y", BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_RELU), x, yin, dy, smi, sii, dx, dg, dbt));
+  NONFINITE(BWD, "y",
+            BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_RELU), x, yin, dy, smi, sii, dx, dg, dbt));
   /* ... y is not an input without RELU: its NaN is ignored */
   EXPECT_SUCCESS(BD(BOTH(flags, NORMA_CHECK_FINITE), x, yin, dy, smi, sii, dx, dg, dbt));
-  EXPECT_SUCCESS(BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, NULL, dy, smi, sii, dx, dg, dbt));
+  EXPECT_SUCCESS(
+      BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, NULL, dy, smi, sii, dx, dg, dbt));
   tu_poison(dx, tb + es), tu_poison(dg, pb + 8), tu_poison(dbt, pb + 8);
   tu_store(dt, yin, total - 1, 0.5);
   set_nonfinite(pt, gamma, 1, 0);
@@ -529,15 +561,18 @@ static void group_errors(int inorm, norma_dtype dt, norma_layout lay) {
   tu_pstore(dt, gamma, 1, 1.0);
   set_nonfinite(pt, beta, c - 1, 1);
   snap();
-  NONFINITE(BWD, "beta", BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, yin, dy, smi, sii, dx, dg, dbt));
+  NONFINITE(BWD, "beta",
+            BD(BOTH(flags, NORMA_CHECK_FINITE | NORMA_SILU), x, yin, dy, smi, sii, dx, dg, dbt));
   tu_pstore(dt, beta, c - 1, 0.0);
   set_nonfinite(pt, smi, ng - 1, 0);
   snap();
-  NONFINITE(BWD, "save_mean", BD(BOTH(flags, NORMA_CHECK_FINITE), x, yin, dy, smi, sii, dx, dg, dbt));
+  NONFINITE(BWD, "save_mean",
+            BD(BOTH(flags, NORMA_CHECK_FINITE), x, yin, dy, smi, sii, dx, dg, dbt));
   tu_pstore(dt, smi, ng - 1, 0.0);
   set_nonfinite(pt, sii, 0, 1);
   snap();
-  NONFINITE(BWD, "save_invstd", BD(BOTH(flags, NORMA_CHECK_FINITE), x, yin, dy, smi, sii, dx, dg, dbt));
+  NONFINITE(BWD, "save_invstd",
+            BD(BOTH(flags, NORMA_CHECK_FINITE), x, yin, dy, smi, sii, dx, dg, dbt));
   tu_pstore(dt, sii, 0, 1.0);
 #undef FD
 #undef F

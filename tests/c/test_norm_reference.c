@@ -62,7 +62,9 @@ static void ind_forward(const nprob *p, const void *x, const void *res, const vo
     TN_FOR_GROUP(g, G, e) ss += (h[e] - mu) * (h[e] - mu);
     mean[G] = mu;
     var[G] = (double)(rms ? q / cnt : ss / cnt);
-    invstd[G] = (var[G] == 0.0 && p->eps == 0.0) ? 0.0 : (double)(1.0L / sqrtl(var[G] + (long double)p->eps));
+    invstd[G] = (var[G] == 0.0 && p->eps == 0.0)
+                    ? 0.0
+                    : (double)(1.0L / sqrtl(var[G] + (long double)p->eps));
   }
   if (!y) return;
   for (int64_t e = 0; e < total; e++) {
@@ -231,7 +233,8 @@ static void independent_case(const nprob *p, int residual, int use_dsum, int gam
      and unbiased (or, with the flag, biased) variance */
   double *erm = tu_alloc(c * 8), *erv = tu_alloc(c * 8), *eyi = tu_alloc(total * 8);
   if (p->kind == K_IN) {
-    const double s = (double)g->s, unb = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) ? 1.0 : s / (s - 1);
+    const double s = (double)g->s,
+                 unb = (p->flags & NORMA_BN_BIASED_RUNNING_VAR) ? 1.0 : s / (s - 1);
     for (int64_t j = 0; j < c; j++) {
       long double am = 0, av = 0;
       for (int64_t i = 0; i < g->n; i++) am += meanl[i * c + j], av += var[i * c + j] * unb;
@@ -242,7 +245,8 @@ static void independent_case(const nprob *p, int residual, int use_dsum, int gam
     for (int64_t e = 0; e < total; e++) {
       const int64_t ch = tn_channel_of(g, e);
       long double z = ((long double)tu_load(dt, x, e) - tu_pload(dt, rm0, ch)) /
-                          sqrtl((long double)tu_pload(dt, rv0, ch) + p->eps) * par(dt, gamma, ch, 1.0) +
+                          sqrtl((long double)tu_pload(dt, rv0, ch) + p->eps) *
+                          par(dt, gamma, ch, 1.0) +
                       par(dt, beta, ch, 0.0);
       if (p->flags & NORMA_RELU) z = z > 0 ? z : 0;
       if (p->flags & NORMA_SILU) z = z / (1.0L + expl(-z));
@@ -329,7 +333,8 @@ static void test_independent(void) {
   cases[n++] = (icase){{K_IN, tn_geo_gn(2, 3, 49, 3, CF), NORMA_F32, 1e-5, 0}, 0, 0, 0, 0};
   cases[n++] = (icase){{K_IN, tn_geo_gn(3, 17, 7, 17, CL), NORMA_F64, 1e-5,
                         NORMA_SILU | NORMA_BN_BIASED_RUNNING_VAR}, 0, 0, 0, 0};
-  cases[n++] = (icase){{K_IN, tn_geo_gn(1, 5, 1021, 5, CF), NORMA_BF16, 1e-5, NORMA_RELU}, 0, 0, 0, 0};
+  cases[n++] =
+      (icase){{K_IN, tn_geo_gn(1, 5, 1021, 5, CF), NORMA_BF16, 1e-5, NORMA_RELU}, 0, 0, 0, 0};
   cases[n++] = (icase){{K_IN, tn_geo_gn(4, 9, 2, 9, CL), NORMA_F16, 1e-3, 0}, 0, 0, 1, 1};
   for (int i = 0; i < n; i++)
     independent_case(&cases[i].p, cases[i].residual, cases[i].dsum, cases[i].gamma_null,
@@ -406,11 +411,16 @@ static void test_large_mean(void) {
   large_mean_case(&(nprob){K_RMS, tn_geo_ln(8, 4097), F32, 1e-6, 0}, -1e4, 0.1, 1e-4, 612);
   for (int l = 0; l < 2; l++) {
     const norma_layout lay = (norma_layout)l;
-    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 32, 49, 4, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4, 620 + l);
-    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 6, 1500, 2, lay), F32, 1e-5, 0}, -1e4, 0.1, 1e-4, 622 + l);
-    large_mean_case(&(nprob){K_GN, tn_geo_gn(3, 64, 1, 8, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4, 624 + l);
-    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 8, 300, 2, lay), F64, 1e-5, 0}, 1e8, 1.0, 1e-8, 628 + l);
-    large_mean_case(&(nprob){K_IN, tn_geo_gn(2, 8, 1021, 8, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4, 630 + l);
+    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 32, 49, 4, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4,
+                    620 + l);
+    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 6, 1500, 2, lay), F32, 1e-5, 0}, -1e4, 0.1, 1e-4,
+                    622 + l);
+    large_mean_case(&(nprob){K_GN, tn_geo_gn(3, 64, 1, 8, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4,
+                    624 + l);
+    large_mean_case(&(nprob){K_GN, tn_geo_gn(2, 8, 300, 2, lay), F64, 1e-5, 0}, 1e8, 1.0, 1e-8,
+                    628 + l);
+    large_mean_case(&(nprob){K_IN, tn_geo_gn(2, 8, 1021, 8, lay), F32, 1e-5, 0}, 1e4, 0.1, 1e-4,
+                    630 + l);
   }
 }
 
@@ -505,7 +515,8 @@ static void exact_fill(const nprob *p, void *x, double *emean, double *em2, int 
   const int64_t ng = tn_ngroups(g), cnt = tn_count(g), per = g->c / g->cpg;
   int64_t *pos = tu_alloc(cnt * sizeof(int64_t));
   for (int64_t G = 0; G < ng; G++) {
-    const double center = p->kind == K_RMS ? 0.0 : 0.5 + 0.25 * (double)(G % 5) - (G % 2 ? 1.0 : 0.0);
+    const double center =
+        p->kind == K_RMS ? 0.0 : 0.5 + 0.25 * (double)(G % 5) - (G % 2 ? 1.0 : 0.0);
     const int64_t i = G / per, c0 = (G % per) * g->cpg;
     for (int64_t q = 0; q < cnt; q++) pos[q] = q;
     for (int64_t q = cnt - 1; q > 0; q--) {
@@ -571,8 +582,9 @@ static void exact_case(const nprob *p, int fixed, uint64_t seed) {
       if (ui > worst_inv) worst_inv = ui, wg = G;
     }
     if (p->kind != K_RMS)
-      TU_CHECK(bad_mean == 0, "[%s] save_mean off by > 1 ulp in %lld of %lld groups (worst %lld ulp)",
-               tu_ctx, (long long)bad_mean, (long long)ng, (long long)worst_mean);
+      TU_CHECK(bad_mean == 0,
+               "[%s] save_mean off by > 1 ulp in %lld of %lld groups (worst %lld ulp)", tu_ctx,
+               (long long)bad_mean, (long long)ng, (long long)worst_mean);
     TU_CHECK(bad_inv == 0, "[%s] save_invstd (eps 0) off in %lld of %lld groups (worst %lld ulp, "
              "group %lld: %.9g, variance %.17g)", tu_ctx, (long long)bad_inv, (long long)ng,
              (long long)worst_inv, (long long)wg, tu_pload(dt, si, wg), em2[wg] / (double)cnt);
@@ -580,7 +592,8 @@ static void exact_case(const nprob *p, int fixed, uint64_t seed) {
       int64_t bad = 0;
       for (int64_t j = 0; j < c; j++) {
         double am = 0, av = 0; /* exact: few dyadic values */
-        for (int64_t i = 0; i < g->n; i++) am += emean[i * c + j], av += em2[i * c + j] / (double)cnt;
+        for (int64_t i = 0; i < g->n; i++)
+          am += emean[i * c + j], av += em2[i * c + j] / (double)cnt;
         am /= (double)g->n, av /= (double)g->n;
         const int64_t um = pt == NORMA_F64 ? tu_ulps_f64(((double *)rm)[j], am)
                                            : tu_ulps_f32(((float *)rm)[j], (float)am);
@@ -616,10 +629,14 @@ static void test_exact(void) {
       exact_case(&(nprob){K_GN, tn_geo_gn(1, 4, 1500, 1, lay), dt, 0.0, 0}, 0, 700 + i++);
       exact_case(&(nprob){K_GN, tn_geo_gn(8, 64, 1, 8, lay), dt, 0.0, 0}, 0, 700 + i++);
       exact_case(&(nprob){K_GN, tn_geo_gn(2, 8, 10, 4, lay), dt, 0.0, NORMA_SILU}, 1, 700 + i++);
-      exact_case(&(nprob){K_IN, tn_geo_gn(4, 5, 16, 5, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR}, 0, 700 + i++);
-      exact_case(&(nprob){K_IN, tn_geo_gn(3, 17, 7, 17, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR}, 0, 700 + i++);
+      exact_case(&(nprob){K_IN, tn_geo_gn(4, 5, 16, 5, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR},
+                 0, 700 + i++);
+      exact_case(&(nprob){K_IN, tn_geo_gn(3, 17, 7, 17, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR},
+                 0, 700 + i++);
       exact_case(&(nprob){K_IN, tn_geo_gn(2, 3, 1021, 3, lay), dt, 0.0, 0}, 0, 700 + i++);
-      exact_case(&(nprob){K_IN, tn_geo_gn(2, 3, 4098, 3, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR}, 1, 700 + i++);
+      exact_case(
+          &(nprob){K_IN, tn_geo_gn(2, 3, 4098, 3, lay), dt, 0.0, NORMA_BN_BIASED_RUNNING_VAR}, 1,
+          700 + i++);
     }
   }
 }
@@ -654,7 +671,8 @@ static void residual_case(int rms, int64_t rows, int64_t d, norma_dtype dt, uint
     tu_set_ctx("residual %s %s rows=%lld d=%lld %s", use_ref ? "ref" : "prod", rms ? "RMS" : "LN",
                (long long)rows, (long long)d, tu_dt_name(dt));
     /* fused, sum separate */
-    void *y1 = tu_poisoned(tb), *s1 = tu_poisoned(tb), *sm1 = tu_poisoned(gb), *si1 = tu_poisoned(gb);
+    void *y1 = tu_poisoned(tb), *s1 = tu_poisoned(tb), *sm1 = tu_poisoned(gb),
+         *si1 = tu_poisoned(gb);
     EXPECT_OK(FWD(x, res, y1, s1, sm1, si1), "forward (residual, sum)");
     tn_same("sum == x + residual rounded", dt, s1, esum, total);
     /* the op on the sum itself */
@@ -673,7 +691,8 @@ static void residual_case(int rms, int64_t rows, int64_t d, norma_dtype dt, uint
       void *xa = tu_dup(x, tb), *ra = tu_dup(res, tb), *y3 = tu_poisoned(tb),
            *sm3 = tu_poisoned(gb), *si3 = tu_poisoned(gb);
       void *sum = which ? ra : xa;
-      EXPECT_OK(FWD(xa, ra, y3, sum, sm3, si3), which ? "forward (sum == residual)" : "forward (sum == x)");
+      EXPECT_OK(FWD(xa, ra, y3, sum, sm3, si3),
+                which ? "forward (sum == residual)" : "forward (sum == x)");
       tn_same(which ? "sum (== residual)" : "sum (== x)", dt, sum, esum, total);
       tn_same(which ? "y (sum == residual)" : "y (sum == x)", dt, y3, y1, total);
       if (!rms) tu_same_bits("save_mean (aliased sum)", sm3, sm1, gb);
@@ -684,7 +703,8 @@ static void residual_case(int rms, int64_t rows, int64_t d, norma_dtype dt, uint
     }
     /* y aliasing x with the sum into residual: the residual stream and the output in place */
     {
-      void *xa = tu_dup(x, tb), *ra = tu_dup(res, tb), *sm4 = tu_poisoned(gb), *si4 = tu_poisoned(gb);
+      void *xa = tu_dup(x, tb), *ra = tu_dup(res, tb), *sm4 = tu_poisoned(gb),
+           *si4 = tu_poisoned(gb);
       EXPECT_OK(FWD(xa, ra, xa, ra, sm4, si4), "forward (y == x, sum == residual)");
       tn_same("y (== x, sum == residual)", dt, xa, y1, total);
       tn_same("sum (== residual, y == x)", dt, ra, esum, total);
@@ -696,7 +716,8 @@ static void residual_case(int rms, int64_t rows, int64_t d, norma_dtype dt, uint
            *edx0 = tu_alloc(total * 8), *edg = tu_alloc(d * 8), *edb = tu_alloc(d * 8),
            *fdx = tu_alloc(rows * 8);
     for (int64_t e = 0; e < total; e++) h[e] = tu_load(dt, esum, e);
-    for (int64_t i = 0; i < rows; i++) sid[i] = tu_pload(dt, si1, i), fdx[i] = fmax(1.0, 2.0 * sid[i]);
+    for (int64_t i = 0; i < rows; i++)
+      sid[i] = tu_pload(dt, si1, i), fdx[i] = fmax(1.0, 2.0 * sid[i]);
     ind_backward(&p, h, NULL, dy, dsum, gamma, beta, sid, edx, edg, edb, NULL, NULL);
     ind_backward(&p, h, NULL, dy, NULL, gamma, beta, sid, edx0, edg, edb, NULL, NULL);
     void *dx = tu_poisoned(tb), *dx0 = tu_poisoned(tb);
@@ -716,7 +737,8 @@ static void residual_case(int rms, int64_t rows, int64_t d, norma_dtype dt, uint
     tn_cmp("dx(dsum) - dx(no dsum) == dsum", NORMA_F64, diff, -1, dsd, total,
            2.5 * tu_tol_tensor(dt), 0.0, fdx, &g);
     (void)pt;
-    free(diff), free(dsd), free(h), free(sid), free(edx), free(edx0), free(edg), free(edb), free(fdx);
+    free(diff), free(dsd), free(h), free(sid), free(edx), free(edx0), free(edg), free(edb),
+        free(fdx);
     free(dx), free(dx0), free(y0), free(sm0), free(si0), free(y1), free(s1), free(sm1), free(si1);
     free(y2), free(sm2), free(si2);
   }

@@ -62,11 +62,12 @@ static void test_single_value_groups(void) {
         void *dx = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
         EXPECT_OK(norma_ln_backward(&d, x, dy, dsum, gamma, sm, si, dx, dg, dbt), "ln_backward");
         tn_same("dx == dsum", dt, dx, dsum, rows);
-        TU_CHECK(tu_pload(dt, dg, 0) == 0.0, "[%s] dgamma = %g, want 0", tu_ctx, tu_pload(dt, dg, 0));
+        TU_CHECK(tu_pload(dt, dg, 0) == 0.0, "[%s] dgamma = %g, want 0", tu_ctx,
+                 tu_pload(dt, dg, 0));
         double sdy = 0;
         for (int64_t i = 0; i < rows; i++) sdy += tu_load(dt, dy, i);
-        TU_CHECK(fabs(tu_pload(dt, dbt, 0) - sdy) <= tu_tol_param(dt) * rows, "[%s] dbeta = %g, want %g",
-                 tu_ctx, tu_pload(dt, dbt, 0), sdy);
+        TU_CHECK(fabs(tu_pload(dt, dbt, 0) - sdy) <= tu_tol_param(dt) * rows,
+                 "[%s] dbeta = %g, want %g", tu_ctx, tu_pload(dt, dbt, 0), sdy);
         free(x), free(dy), free(dsum), free(gamma), free(beta), free(y), free(sm), free(si);
         free(dx), free(dg), free(dbt);
       }
@@ -78,7 +79,8 @@ static void test_single_value_groups(void) {
       for (int a = 0; a < 3; a++) {
         const norma_dtype dt = TN_DTS[t];
         norma_set_use_reference(use_ref);
-        tu_set_ctx("GN one value per group %s %s act 0x%x", mode_name(use_ref), tu_dt_name(dt), acts[a]);
+        tu_set_ctx("GN one value per group %s %s act 0x%x", mode_name(use_ref), tu_dt_name(dt),
+                   acts[a]);
         const size_t tb = n * c * tu_esize(dt), pb = c * tu_psize(dt), gb = n * c * tu_psize(dt);
         tu_rng r = tu_rng_make(60 + t);
         void *x = tu_alloc(tb), *gamma = tu_alloc(pb), *beta = tu_alloc(pb), *y = tu_poisoned(tb);
@@ -91,7 +93,9 @@ static void test_single_value_groups(void) {
         int64_t bad = 0, worst = -1;
         for (int64_t i = 0; i < n * c; i++) {
           const double b = tu_pload(dt, beta, i % c);
-          const double z = acts[a] == NORMA_RELU ? (b > 0 ? b : 0) : acts[a] == NORMA_SILU ? b / (1 + exp(-b)) : b;
+          const double z = acts[a] == NORMA_RELU   ? (b > 0 ? b : 0)
+                           : acts[a] == NORMA_SILU ? b / (1 + exp(-b))
+                                                   : b;
           const double tol = acts[a] == NORMA_SILU ? 2 * tu_tol_tensor(dt) : 0.0; /* exp rounding */
           if (!(fabs(tu_load(dt, y, i) - tu_round(dt, z)) <= tol * fabs(z))) bad++, worst = i;
         }
@@ -102,7 +106,8 @@ static void test_single_value_groups(void) {
   norma_set_use_reference(0);
 }
 
-/* ---- RMSNorm of an all-zero row with eps == 0 ------------------------------------------------- */
+/* ---- RMSNorm of an all-zero row with eps == 0 -------------------------------------------------
+ */
 
 static void test_rms_zero_row(void) {
   const int64_t rows = 6, d = 37, zr = 2;
@@ -153,7 +158,8 @@ static void test_rms_zero_row(void) {
   norma_set_use_reference(0);
 }
 
-/* ---- var == eps == 0: a constant row / group / instance --------------------------------------- */
+/* ---- var == eps == 0: a constant row / group / instance ---------------------------------------
+ */
 
 /* kind 0: LayerNorm rows x d (row zr constant); 1: GroupNorm [n, c, s] groups G (group zg of
    sample 1 constant); 2: InstanceNorm (instance (1, zc) constant).  The constant is 0.1 (not
@@ -183,7 +189,8 @@ static void zero_var_case(int kind, int64_t n, int64_t c, int64_t s, int64_t G, 
   norma_in_desc id = {n, c, s, lay, dt, 0.0, act};
   if (kind == 0) EXPECT_OK(norma_ln_forward(&ld, x, NULL, gamma, beta, y, NULL, sm, si), "forward");
   else if (kind == 1) EXPECT_OK(norma_gn_forward(&gd, x, gamma, beta, y, sm, si), "forward");
-  else EXPECT_OK(norma_in_forward_training(&id, x, gamma, beta, y, sm, si, NULL, NULL, 0), "forward");
+  else
+    EXPECT_OK(norma_in_forward_training(&id, x, gamma, beta, y, sm, si, NULL, NULL, 0), "forward");
   TU_CHECK(tu_pload(dt, si, zg) == 0.0, "[%s] save_invstd of the constant group = %g, want 0",
            tu_ctx, tu_pload(dt, si, zg));
   TU_CHECK(tu_pload(dt, sm, zg) == tu_round(pt, tu_round(dt, konst)),
@@ -192,7 +199,9 @@ static void zero_var_case(int kind, int64_t n, int64_t c, int64_t s, int64_t G, 
   int64_t bad = 0, worst = -1;
   TN_FOR_GROUP(&g, zg, e) {
     const double b = tu_pload(dt, beta, tn_channel_of(&g, e));
-    const double z = act == NORMA_RELU ? (b > 0 ? b : 0) : act == NORMA_SILU ? b / (1 + exp(-b)) : b;
+    const double z = act == NORMA_RELU   ? (b > 0 ? b : 0)
+                     : act == NORMA_SILU ? b / (1 + exp(-b))
+                                         : b;
     const double tol = act == NORMA_SILU ? 2 * tu_tol_tensor(dt) : 0.0;
     if (!(fabs(tu_load(dt, y, e) - tu_round(dt, z)) <= tol * fabs(z))) bad++, worst = e;
   }
@@ -201,17 +210,22 @@ static void zero_var_case(int kind, int64_t n, int64_t c, int64_t s, int64_t G, 
   /* backward: dx = 0 in that group, finite elsewhere */
   void *dx = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
   const void *yb = act == NORMA_RELU ? y : NULL;
-  if (kind == 0) EXPECT_OK(norma_ln_backward(&ld, x, dy, NULL, gamma, sm, si, dx, dg, dbt), "backward");
-  else if (kind == 1) EXPECT_OK(norma_gn_backward(&gd, x, yb, dy, gamma, beta, sm, si, dx, dg, dbt), "backward");
+  if (kind == 0)
+    EXPECT_OK(norma_ln_backward(&ld, x, dy, NULL, gamma, sm, si, dx, dg, dbt), "backward");
+  else if (kind == 1)
+    EXPECT_OK(norma_gn_backward(&gd, x, yb, dy, gamma, beta, sm, si, dx, dg, dbt), "backward");
   else EXPECT_OK(norma_in_backward(&id, x, yb, dy, gamma, beta, sm, si, dx, dg, dbt), "backward");
   bad = 0;
   TN_FOR_GROUP(&g, zg, e) bad += tu_load(dt, dx, e) != 0.0;
   TU_CHECK(bad == 0, "[%s] dx != 0 in %lld values of the constant group", tu_ctx, (long long)bad);
   int fin = 1;
-  for (int64_t k = 0; k < total; k++) fin &= isfinite(tu_load(dt, dx, k)) && isfinite(tu_load(dt, y, k));
-  for (int64_t j = 0; j < c; j++) fin &= isfinite(tu_pload(dt, dg, j)) && isfinite(tu_pload(dt, dbt, j));
+  for (int64_t k = 0; k < total; k++)
+    fin &= isfinite(tu_load(dt, dx, k)) && isfinite(tu_load(dt, y, k));
+  for (int64_t j = 0; j < c; j++)
+    fin &= isfinite(tu_pload(dt, dg, j)) && isfinite(tu_pload(dt, dbt, j));
   TU_CHECK(fin, "[%s] y / dx / dgamma / dbeta not finite", tu_ctx);
-  free(x), free(dy), free(gamma), free(beta), free(y), free(sm), free(si), free(dx), free(dg), free(dbt);
+  free(x), free(dy), free(gamma), free(beta), free(y), free(sm), free(si), free(dx), free(dg),
+      free(dbt);
   norma_set_use_reference(0);
 }
 
@@ -237,7 +251,8 @@ static void test_zero_var(void) {
       }
 }
 
-/* ---- InstanceNorm running statistics (PyTorch) on explicit numbers ---------------------------- */
+/* ---- InstanceNorm running statistics (PyTorch) on explicit numbers ----------------------------
+ */
 
 static void test_in_running(void) {
   /* x[n = 2][c = 2][s = 4] */
@@ -256,11 +271,14 @@ static void test_in_running(void) {
           void *x = tu_alloc(tb), *y = tu_poisoned(tb), *rm = tu_alloc(pb), *rv = tu_alloc(pb);
           for (int i = 0; i < 2; i++)
             for (int ch = 0; ch < 2; ch++)
-              for (int sp = 0; sp < 4; sp++) tu_store(dt, x, tu_index(lay, 2, 4, i, ch, sp), X[i][ch][sp]);
-          for (int ch = 0; ch < 2; ch++) tu_pstore(dt, rm, ch, RM0[ch]), tu_pstore(dt, rv, ch, RV0[ch]);
+              for (int sp = 0; sp < 4; sp++)
+                tu_store(dt, x, tu_index(lay, 2, 4, i, ch, sp), X[i][ch][sp]);
+          for (int ch = 0; ch < 2; ch++)
+            tu_pstore(dt, rm, ch, RM0[ch]), tu_pstore(dt, rv, ch, RV0[ch]);
           const double mom = 0.1;
           norma_in_desc d = {2, 2, 4, lay, dt, 1e-5, biased ? NORMA_BN_BIASED_RUNNING_VAR : 0u};
-          EXPECT_OK(norma_in_forward_training(&d, x, NULL, NULL, y, NULL, NULL, rm, rv, mom), "forward");
+          EXPECT_OK(norma_in_forward_training(&d, x, NULL, NULL, y, NULL, NULL, rm, rv, mom),
+                    "forward");
           double erm[2], erv[2];
           for (int ch = 0; ch < 2; ch++) {
             double am = 0, av = 0;
@@ -277,14 +295,16 @@ static void test_in_running(void) {
           }
           /* the numbers, worked out: channel 0 means 2.5 and 5, unbiased variances 5/3 and 20/3 */
           if (!biased) {
-            TU_CHECK(fabs(erm[0] - 0.825) < 1e-15 && fabs(erv[0] - (1.8 + 0.1 * 25.0 / 6.0)) < 1e-15,
+            TU_CHECK(fabs(erm[0] - 0.825) < 1e-15 &&
+                         fabs(erv[0] - (1.8 + 0.1 * 25.0 / 6.0)) < 1e-15,
                      "[%s] the test's own expectation is wrong", tu_ctx);
           }
           tu_cmp_d("running_mean", pt, rm, erm, 2, tu_tol_param(dt) * 0.1, 0.0);
           tu_cmp_d("running_var", pt, rv, erv, 2, tu_tol_param(dt) * 0.1, 0.0);
           /* momentum 0: unchanged, bitwise */
           void *rm2 = tu_dup(rm, pb), *rv2 = tu_dup(rv, pb);
-          EXPECT_OK(norma_in_forward_training(&d, x, NULL, NULL, y, NULL, NULL, rm2, rv2, 0.0), "forward (momentum 0)");
+          EXPECT_OK(norma_in_forward_training(&d, x, NULL, NULL, y, NULL, NULL, rm2, rv2, 0.0),
+                    "forward (momentum 0)");
           tu_same_bits("running_mean (momentum 0)", rm2, rm, pb);
           tu_same_bits("running_var (momentum 0)", rv2, rv, pb);
           free(x), free(y), free(rm), free(rv), free(rm2), free(rv2);
@@ -292,7 +312,8 @@ static void test_in_running(void) {
   norma_set_use_reference(0);
 }
 
-/* ---- equivalences ----------------------------------------------------------------------------- */
+/* ---- equivalences -----------------------------------------------------------------------------
+ */
 
 /* GroupNorm with groups == c against InstanceNorm, and GroupNorm with groups == 1 on [N, C, 1]
    against LayerNorm over C: forward and backward, bitwise */
@@ -303,9 +324,9 @@ static void equiv_case(int which, int64_t n, int64_t c, int64_t s, norma_layout 
   const int64_t total = tn_total(&g), ng = tn_ngroups(&g);
   const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt), gb = ng * tu_psize(dt);
   norma_set_use_reference(use_ref);
-  tu_set_ctx("%s %s n=%lld c=%lld s=%lld %s %s act 0x%x", which == 0 ? "GN(G=C) == IN" : "GN(G=1, s=1) == LN",
-             mode_name(use_ref), (long long)n, (long long)c, (long long)s, tu_dt_name(dt),
-             tu_layout_name(lay), act);
+  tu_set_ctx("%s %s n=%lld c=%lld s=%lld %s %s act 0x%x",
+             which == 0 ? "GN(G=C) == IN" : "GN(G=1, s=1) == LN", mode_name(use_ref), (long long)n,
+             (long long)c, (long long)s, tu_dt_name(dt), tu_layout_name(lay), act);
   tu_rng r = tu_rng_make(120 + (uint64_t)(n + c + s + dt + lay));
   double *mu = tu_alloc(ng * 8), *sd = tu_alloc(ng * 8);
   for (int64_t G = 0; G < ng; G++) mu[G] = tu_uniform(&r, -3, 3), sd[G] = tu_uniform(&r, 0.3, 3);
@@ -315,15 +336,19 @@ static void equiv_case(int which, int64_t n, int64_t c, int64_t s, norma_layout 
   tu_fill_param(dt, gamma, c, &r, -1.5, 1.5);
   tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
   void *y1 = tu_poisoned(tb), *y2 = tu_poisoned(tb), *sm1 = tu_poisoned(gb), *sm2 = tu_poisoned(gb);
-  void *si1 = tu_poisoned(gb), *si2 = tu_poisoned(gb), *dx1 = tu_poisoned(tb), *dx2 = tu_poisoned(tb);
-  void *dg1 = tu_poisoned(pb), *dg2 = tu_poisoned(pb), *db1 = tu_poisoned(pb), *db2 = tu_poisoned(pb);
+  void *si1 = tu_poisoned(gb), *si2 = tu_poisoned(gb), *dx1 = tu_poisoned(tb),
+       *dx2 = tu_poisoned(tb);
+  void *dg1 = tu_poisoned(pb), *dg2 = tu_poisoned(pb), *db1 = tu_poisoned(pb),
+       *db2 = tu_poisoned(pb);
   norma_gn_desc gd = {n, c, s, which == 0 ? c : 1, lay, dt, 1e-5, act};
   EXPECT_OK(norma_gn_forward(&gd, x, gamma, beta, y1, sm1, si1), "gn_forward");
   EXPECT_OK(norma_gn_backward(&gd, x, y1, dy, gamma, beta, sm1, si1, dx1, dg1, db1), "gn_backward");
   if (which == 0) {
     norma_in_desc id = {n, c, s, lay, dt, 1e-5, act};
-    EXPECT_OK(norma_in_forward_training(&id, x, gamma, beta, y2, sm2, si2, NULL, NULL, 0), "in_forward");
-    EXPECT_OK(norma_in_backward(&id, x, y2, dy, gamma, beta, sm2, si2, dx2, dg2, db2), "in_backward");
+    EXPECT_OK(norma_in_forward_training(&id, x, gamma, beta, y2, sm2, si2, NULL, NULL, 0),
+              "in_forward");
+    EXPECT_OK(norma_in_backward(&id, x, y2, dy, gamma, beta, sm2, si2, dx2, dg2, db2),
+              "in_backward");
   } else {
     norma_ln_desc ld = {n, c, dt, 1e-5, 0};
     EXPECT_OK(norma_ln_forward(&ld, x, NULL, gamma, beta, y2, NULL, sm2, si2), "ln_forward");
@@ -371,7 +396,8 @@ static void in_bn_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_
   norma_in_desc id = {n, c, s, lay, dt, eps, act};
   norma_bn_desc bd = {n, c, s, lay, dt, eps, act};
   EXPECT_OK(norma_in_forward_inference(&id, x, gamma, beta, mean, var, y1), "in_forward_inference");
-  EXPECT_OK(norma_bn_forward_inference(&bd, x, NULL, gamma, beta, mean, var, y2), "bn_forward_inference");
+  EXPECT_OK(norma_bn_forward_inference(&bd, x, NULL, gamma, beta, mean, var, y2),
+            "bn_forward_inference");
   tn_same("y", dt, y1, y2, total);
   if (eps0 && !act) {
     int64_t bad = 0;
@@ -412,7 +438,8 @@ static void test_equivalences(void) {
       }
 }
 
-/* ---- the backward with statistics supplied by the caller ---------------------------------------- */
+/* ---- the backward with statistics supplied by the caller ----------------------------------------
+ */
 
 /* LayerNorm / GroupNorm backward given save_mean = batch mean + shift * std and
    save_invstd = 1 / std.  The backward removes the offset s = mean(x_hat) only when |s| <= 1/16
@@ -453,13 +480,15 @@ static void given_stats_case(int gn, norma_layout lay, norma_dtype dt, double sh
     double A = 0, B = 0;
     TN_FOR_GROUP(&g, k, e) {
       const int64_t ch = tn_channel_of(&g, e);
-      const double xh = (tu_load(dt, x, e) - xm) * is, kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
+      const double xh = (tu_load(dt, x, e) - xm) * is,
+                   kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
       A += kk, B += kk * xh;
       edg[ch] += tu_load(dt, dy, e) * xh, edb[ch] += tu_load(dt, dy, e);
     }
     TN_FOR_GROUP(&g, k, e) {
       const int64_t ch = tn_channel_of(&g, e);
-      const double xh = (tu_load(dt, x, e) - xm) * is, kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
+      const double xh = (tu_load(dt, x, e) - xm) * is,
+                   kk = tu_pload(dt, gamma, ch) * tu_load(dt, dy, e);
       edx[e] = is * (kk - A / (double)cnt - xh * B / (double)cnt);
     }
   }
@@ -491,7 +520,8 @@ static void test_given_stats(void) {
         }
 }
 
-/* ---- allowed exact aliasing ------------------------------------------------------------------- */
+/* ---- allowed exact aliasing -------------------------------------------------------------------
+ */
 
 /* runs `op` on separate buffers and on aliased ones; every output compared bitwise */
 static void alias_rows(int rms, int64_t rows, int64_t d, norma_dtype dt, int use_ref) {
@@ -682,7 +712,8 @@ static void test_aliasing(void) {
     }
 }
 
-/* ---- a row's results do not depend on its neighbours ------------------------------------------ */
+/* ---- a row's results do not depend on its neighbours ------------------------------------------
+ */
 
 /* LayerNorm forward of rows 1..R-1 of a tensor, called on its own, gives rows 1..R-1 of the
    call on the whole tensor bit for bit: the engine takes rows by pairs (their statistics in one

@@ -106,7 +106,9 @@ static void fill_dy(norma_dtype dt, const tn_geo *g, void *dy, const void *x, co
 static void *make_gamma(norma_dtype dt, int64_t c, tu_rng *r) {
   void *p = tu_alloc((size_t)c * tu_psize(dt));
   for (int64_t j = 0; j < c; j++)
-    tu_pstore(dt, p, j, tu_below(r, 16) == 0 ? 0.0 : (tu_below(r, 4) == 0 ? -1 : 1) * tu_uniform(r, 0.5, 1.5));
+    tu_pstore(dt, p, j,
+              tu_below(r, 16) == 0 ? 0.0
+                                   : (tu_below(r, 4) == 0 ? -1 : 1) * tu_uniform(r, 0.5, 1.5));
   return p;
 }
 
@@ -189,7 +191,8 @@ static void row_case(int rms, int64_t rows, int64_t d, norma_dtype dt, int vi, d
     tu_check_poison("sum (no residual: must be ignored; reference)", s_r.p, tb);
   }
   if (!rms && smp) tn_cmp("save_mean", pt, sm_p, pt, sm_r, rows, tp, 1.0, NULL, NULL);
-  if (sip) tn_cmp(rms ? "save_invrms" : "save_invstd", pt, si_p, pt, si_r, rows, tp, 0.0, NULL, NULL);
+  if (sip)
+    tn_cmp(rms ? "save_invrms" : "save_invstd", pt, si_p, pt, si_r, rows, tp, 0.0, NULL, NULL);
   if (rms) tu_check_poison("save_mean (RMSNorm has none)", sm_r, gb);
 
   /* ---- backward, with the reference forward's statistics and h ---- */
@@ -302,7 +305,8 @@ static void group_case(int inorm, int64_t n, int64_t c, int64_t s, int64_t group
   void *rm_r = tu_dup(rm0, pb), *rm_p = tu_dup(rm0, pb), *rv_r = tu_dup(rv0, pb),
        *rv_p = tu_dup(rv0, pb);
   void *smp = v->save_null == 1 ? NULL : sm_p, *sip = v->save_null == 2 ? NULL : si_p;
-  const int want_rm = v->running == 1 || v->running == 2, want_rv = v->running == 1 || v->running == 3;
+  const int want_rm = v->running == 1 || v->running == 2,
+            want_rv = v->running == 1 || v->running == 3;
   if (train) {
     set_ref(1);
     if (inorm)

@@ -255,7 +255,8 @@ static void test_independent(void) {
       {3, 5, 4, NORMA_CHANNELS_LAST, NORMA_F64, 1e-3, NORMA_BN_RELU},
       {1, 17, 49, NORMA_CHANNELS_FIRST, NORMA_F16, 1e-5, NORMA_BN_ADD_RELU},
       {4, 2, 33, NORMA_CHANNELS_LAST, NORMA_BF16, 0.0, NORMA_BN_BIASED_RUNNING_VAR},
-      {7, 3, 1, NORMA_CHANNELS_FIRST, NORMA_F32, 0.1, NORMA_BN_ADD_RELU | NORMA_BN_BIASED_RUNNING_VAR},
+      {7, 3, 1, NORMA_CHANNELS_FIRST, NORMA_F32, 0.1,
+       NORMA_BN_ADD_RELU | NORMA_BN_BIASED_RUNNING_VAR},
       {2, 19, 9, NORMA_CHANNELS_LAST, NORMA_F64, 1e-5, 0},
       {2, 33, 5, NORMA_CHANNELS_LAST, NORMA_F32, 1e-5, NORMA_BN_RELU | NORMA_CHECK_FINITE},
       {3, 4, 130, NORMA_CHANNELS_FIRST, NORMA_BF16, 1e-5, NORMA_BN_RELU},
@@ -341,8 +342,8 @@ static void exact_case(int64_t n, int64_t c, int64_t s, norma_layout lay, norma_
       }
       TU_CHECK(bad_mean == 0, "[%s] save_mean off by > 1 ulp in %lld channels (worst %lld ulp)",
                tu_ctx, (long long)bad_mean, (long long)worst_mean);
-      TU_CHECK(bad_rm == 0, "[%s] running_mean (momentum 1) off by > 1 ulp in %lld channels", tu_ctx,
-               (long long)bad_rm);
+      TU_CHECK(bad_rm == 0, "[%s] running_mean (momentum 1) off by > 1 ulp in %lld channels",
+               tu_ctx, (long long)bad_rm);
       TU_CHECK(bad_var == 0, "[%s] running_var (momentum 1, %s) off by > %d ulp in %lld channels "
                "(worst %lld ulp)", tu_ctx, biased ? "biased" : "unbiased", biased ? 1 : 2,
                (long long)bad_var, (long long)worst_var);
@@ -422,7 +423,8 @@ static void large_mean_case(int64_t n, int64_t c, int64_t s, norma_layout lay, n
                center, spread);
     void *y = tu_poisoned(tb), *sm = tu_poisoned(pb), *si = tu_poisoned(pb), *dx = tu_poisoned(tb),
          *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
-    norma_status st = norma_bn_forward_training(&d, x, NULL, gamma, beta, y, sm, si, NULL, NULL, 0.1);
+    norma_status st =
+        norma_bn_forward_training(&d, x, NULL, gamma, beta, y, sm, si, NULL, NULL, 0.1);
     EXPECT_OK(st, "forward_training");
     double e;
     e = tu_normwise(dt, y, ey, total);

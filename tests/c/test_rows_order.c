@@ -24,7 +24,9 @@
 #include "cpu/ukernels.h"
 #include "test_util.h"
 
-static int same_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
+static int same_d(double a, double b) {
+  return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+}
 
 /* the sums of rows of BN_SEQ_ONE_MIN .. BN_SEQ_SUMS_MAX channels under BN_ROWS_SEQ: in
    each block of BN_SUMS_BLOCK_ROWS rows a row at a time in f32, x_hat = fmaf(x, xs, xo),
@@ -50,7 +52,8 @@ static void seq_row_sums(norma_dtype dt, const void *x, const void *y, const voi
 }
 
 static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
-  static const int64_t widths[] = {1, 3, 8, 16, 17, 64, 100, 255, 256, 257, 480, 481, 1000, 1024, 1040};
+  static const int64_t widths[] = {1,   3,   8,   16,  17,   64,   100, 255,
+                                   256, 257, 480, 481, 1000, 1024, 1040};
   static const int64_t rowss[] = {1, 3, 4, 5, 63, 64, 65, 130};
   static const int acts[] = {BN_ACT_NONE, BN_ACT_RELU, BN_ACT_ADD_RELU, BN_ACT_SILU};
   if (!uk || !uk->bwd_sums_rows) {
@@ -77,7 +80,8 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
       for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
         const int act = acts[ai];
         uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act, o[0], o[1], o[2]);
-        uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, o[3], o[4], o[5]);
+        uk->bwd_sums_rows(x, y, dy, rows, c, c, cst, c, act | BN_PF_AHEAD | BN_ROWS_SEQ, o[3], o[4],
+                          o[5]);
         int ok = 1;
         /* the engine may split the channels of these rows among the threads (split_cblock in
            engine.c: blocks of a multiple of 16 channels): each channel's sums must be those of
@@ -153,7 +157,8 @@ static void check_apply_rows(const char *isa, const bn_ukernels *uk, norma_dtype
       const int64_t c = widths[wi], rows = rowss[ri], n = rows * c + off;
       const int64_t nc = narrow > 0 && narrow < c ? c - narrow : c;
       const size_t tb = ((size_t)n * es + 63) / 64 * 64, ob = (size_t)off * es;
-      char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb), *o[4];
+      char *x = aligned_alloc(64, tb), *y = aligned_alloc(64, tb), *dy = aligned_alloc(64, tb),
+           *o[4];
       for (int k = 0; k < 4; k++) o[k] = aligned_alloc(64, tb);
       float *cst = malloc(sizeof(float) * (size_t)(C_COUNT * c));
       apply_inputs(dt, &r, n, c, x, y, dy, cst);
@@ -161,7 +166,8 @@ static void check_apply_rows(const char *isa, const bn_ukernels *uk, norma_dtype
         const int act = acts[ai] | base;
         for (int k = 0; k < 4; k++) memset(o[k], 0, tb);
         uk->bwd_rows(x + ob, y + ob, dy + ob, o[0] + ob, o[1] + ob, rows, c, nc, cst, c, act);
-        uk->bwd_rows(x + ob, y + ob, dy + ob, o[2] + ob, o[3] + ob, rows, c, nc, cst, c, act | flag);
+        uk->bwd_rows(x + ob, y + ob, dy + ob, o[2] + ob, o[3] + ob, rows, c, nc, cst, c,
+                     act | flag);
         TU_CHECK(memcmp(o[0], o[2], tb) == 0 && memcmp(o[1], o[3], tb) == 0,
                  "%s dtype %d act %d: the apply of %lld rows of %lld of %lld channels (%lld "
                  "values off the line) differs %s", isa, (int)dt, acts[ai], (long long)rows,
@@ -270,7 +276,8 @@ static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
       for (int kind = 0; kind < 3; kind++) {
         const int64_t len = lens[li], m = ms[mi], n = len * m;
         char *x = malloc((size_t)n * es);
-        double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+        double *a = malloc(sizeof(double) * (size_t)(3 * m)),
+               *b = malloc(sizeof(double) * (size_t)(3 * m));
         for (int64_t q = 0; q < m; q++) {
           const double base = kind == 1 ? 1000.0 + 10.0 * (double)q : 0.0;
           tu_fill_uniform(dt, x + (size_t)(q * len) * es, len, &r, base - 1.0, base + 2.0);
@@ -281,7 +288,8 @@ static void check_runs(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
           if (m > 2) tu_store(dt, x, (m - 1) * len, INFINITY), tu_store(dt, x, n - 1, -INFINITY);
         }
         uk->stats_runs(x, len, m, a);
-        for (int64_t q = 0; q < m; q++) uk->stats_run(x + (size_t)(q * len) * es, len, 1, 0, NULL, b + 3 * q);
+        for (int64_t q = 0; q < m; q++)
+          uk->stats_run(x + (size_t)(q * len) * es, len, 1, 0, NULL, b + 3 * q);
         int ok = 1;
         for (int64_t k = 0; k < 3 * m; k++) ok &= same_d(a[k], b[k]);
         TU_CHECK(ok, "%s dtype %d: stats_runs of %lld runs of %lld values (data %d) differs "
@@ -309,11 +317,13 @@ static void check_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
           const int64_t len = lens[li], nr = nrs[ni], m = ms[mi], c = m + 3;
           const int64_t stride = c * len, n = nr * stride;
           char *x = malloc((size_t)n * es);
-          double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+          double *a = malloc(sizeof(double) * (size_t)(3 * m)),
+                 *b = malloc(sizeof(double) * (size_t)(3 * m));
           for (int64_t j = 0; j < c; j++) {
             const double base = kind == 1 ? 1000.0 + 10.0 * (double)j : 0.0;
             for (int64_t i = 0; i < nr; i++)
-              tu_fill_uniform(dt, x + (size_t)(i * stride + j * len) * es, len, &r, base - 1.0, base + 2.0);
+              tu_fill_uniform(dt, x + (size_t)(i * stride + j * len) * es, len, &r, base - 1.0,
+                              base + 2.0);
           }
           if (kind == 2) /* channel 0 constant, channel 1 all zeros of both signs */
             for (int64_t i = 0; i < nr; i++)
@@ -324,7 +334,9 @@ static void check_chans(const char *isa, const bn_ukernels *uk, norma_dtype dt) 
           if (kind == 3) { /* a NaN in channel 0, +Inf in channel 2, -Inf and +Inf in the last */
             tu_store(dt, x, (nr - 1) * stride + len / 2, NAN);
             if (m > 2) tu_store(dt, x, 2 * len, INFINITY);
-            if (m > 3) tu_store(dt, x, (m - 1) * len, -INFINITY), tu_store(dt, x, (nr - 1) * stride + m * len - 1, INFINITY);
+            if (m > 3)
+              tu_store(dt, x, (m - 1) * len, -INFINITY),
+                  tu_store(dt, x, (nr - 1) * stride + m * len - 1, INFINITY);
           }
           uk->stats_chans(x, len, nr, stride, m, a);
           for (int64_t j = 0; j < m; j++)
@@ -357,9 +369,11 @@ static void check_bwd_chans(const char *isa, const bn_ukernels *uk, norma_dtype 
         for (int kind = 0; kind < 2; kind++) {
           const int64_t len = lens[li], nr = nrs[ni], m = ms[mi], c = m + 3;
           const int64_t stride = c * len, n = nr * stride;
-          char *x = malloc((size_t)n * es), *y = malloc((size_t)n * es), *dy = malloc((size_t)n * es);
+          char *x = malloc((size_t)n * es), *y = malloc((size_t)n * es),
+               *dy = malloc((size_t)n * es);
           char *cst = malloc(cb * (size_t)(C_COUNT * c));
-          double *a = malloc(sizeof(double) * (size_t)(3 * m)), *b = malloc(sizeof(double) * (size_t)(3 * m));
+          double *a = malloc(sizeof(double) * (size_t)(3 * m)),
+                 *b = malloc(sizeof(double) * (size_t)(3 * m));
           tu_fill_uniform(dt, x, n, &r, -3.0, 3.0);
           tu_fill_uniform(dt, y, n, &r, -1.0, 1.0);
           tu_fill_uniform(dt, dy, n, &r, -1.0, 1.0);
@@ -373,7 +387,8 @@ static void check_bwd_chans(const char *isa, const bn_ukernels *uk, norma_dtype 
           }
           if (kind == 1) { /* channel 0's dy zeros of both signs, a NaN in the last channel's x */
             for (int64_t i = 0; i < nr; i++)
-              for (int64_t q = 0; q < len; q++) tu_store(dt, dy, i * stride + q, (q + i) % 2 ? -0.0 : 0.0);
+              for (int64_t q = 0; q < len; q++)
+                tu_store(dt, dy, i * stride + q, (q + i) % 2 ? -0.0 : 0.0);
             tu_store(dt, x, (nr - 1) * stride + (m - 1) * len + len / 2, NAN);
           }
           for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
@@ -424,7 +439,8 @@ int main(void) {
     if (norma__cpu_has_avx2_kernels(f)) check_runs("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
     if (norma__cpu_has_avx2_kernels(f)) check_chans("emu16", bn_ukernels_emu16(dts[d]), dts[d]);
 #endif
-    if (norma__cpu_has_avx2_kernels(f)) check_table("avx2", bn_ukernels_avx2(dts[d]), dts[d]), ran++;
+    if (norma__cpu_has_avx2_kernels(f))
+      check_table("avx2", bn_ukernels_avx2(dts[d]), dts[d]), ran++;
 #endif
 #ifdef NORMA_TEST_HAVE_AVX512
     if (norma__cpu_has_avx512_kernels(f))

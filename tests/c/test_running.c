@@ -6,7 +6,8 @@
 #define C 3
 
 /* the batch statistics of channel j of a [n, C, s] f64 tensor, in double */
-static void batch_stats(const double *x, int64_t n, int64_t s, int64_t j, double *mean, double *var) {
+static void batch_stats(const double *x, int64_t n, int64_t s, int64_t j, double *mean,
+                        double *var) {
   double sum = 0.0, m = (double)(n * s);
   for (int64_t i = 0; i < n; i++)
     for (int64_t k = 0; k < s; k++) sum += x[(i * C + j) * s + k];
@@ -87,7 +88,8 @@ static void test_running_update(void) {
   const double N1 = 0.5 * 30.0 + 0.5 * 10.0;
   TU_CHECK(close_to(N, N1), "count %g expected %g", N, N1);
   for (int j = 0; j < C; j++) {
-    TU_CHECK(close_to(rmd[j], (0.5 * 30.0 * 0.0 + 0.5 * 10.0 * mean[j]) / N1), "counted mean %d", j);
+    TU_CHECK(close_to(rmd[j], (0.5 * 30.0 * 0.0 + 0.5 * 10.0 * mean[j]) / N1), "counted mean %d",
+             j);
     TU_CHECK(close_to(rvd[j], (0.5 * 30.0 * 2.0 + 0.5 * 10.0 * var[j]) / N1), "counted var %d", j);
   }
   /* momentum 0 and an empty history: nothing learned, nothing divided by zero */

@@ -35,7 +35,8 @@ static void test_zero_var(void) {
         norma_dtype dt = DTS[t];
         norma_layout lay = (norma_layout)l;
         norma_set_use_reference(use_ref);
-        tu_set_ctx("zero var %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt), tu_layout_name(lay));
+        tu_set_ctx("zero var %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt),
+                   tu_layout_name(lay));
         const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
         tu_rng r = tu_rng_make(11 + t * 2 + l);
         void *x = tu_alloc(tb), *y = tu_poisoned(tb), *sm = tu_poisoned(pb), *si = tu_poisoned(pb);
@@ -51,7 +52,8 @@ static void test_zero_var(void) {
         tu_fill_param(dt, beta, c, &r, -1, 1);
         tu_fill_uniform(dt, dy, total, &r, -1, 1);
         norma_bn_desc d = {n, c, s, lay, dt, 0.0, 0};
-        norma_status st = norma_bn_forward_training(&d, x, NULL, NULL, beta, y, sm, si, rm, rv, 0.5);
+        norma_status st =
+            norma_bn_forward_training(&d, x, NULL, NULL, beta, y, sm, si, rm, rv, 0.5);
         EXPECT_OK(st, "forward_training");
         /* header: var == 0 with eps == 0 gives invstd = 0, y = beta, dx = 0 (PyTorch's rule) */
         TU_CHECK(tu_pload(dt, si, zc) == 0.0,
@@ -77,8 +79,10 @@ static void test_zero_var(void) {
         TU_CHECK(bad_out == 0, "[%s] %lld non-finite y outside the constant channel", tu_ctx,
                  (long long)bad_out);
         int64_t bad_si = 0;
-        for (int64_t j = 0; j < c; j++) bad_si += j != zc && !(tu_pload(dt, si, j) > 0 && isfinite(tu_pload(dt, si, j)));
-        TU_CHECK(bad_si == 0, "[%s] save_invstd not finite and > 0 outside the constant channel", tu_ctx);
+        for (int64_t j = 0; j < c; j++)
+          bad_si += j != zc && !(tu_pload(dt, si, j) > 0 && isfinite(tu_pload(dt, si, j)));
+        TU_CHECK(bad_si == 0, "[%s] save_invstd not finite and > 0 outside the constant channel",
+                 tu_ctx);
         /* the backward with those statistics: dx = 0 in the channel, finite elsewhere */
         for (int pass = 0; pass < 2; pass++) {
           tu_poison(dx, tb);
@@ -91,8 +95,8 @@ static void test_zero_var(void) {
               if (j == zc) nonzero += v != 0.0;
               else bad += !isfinite(v);
             }
-          TU_CHECK(nonzero == 0, "[%s] backward%s: %lld dx of the constant channel are not 0", tu_ctx,
-                   pass ? " (x NULL)" : "", (long long)nonzero);
+          TU_CHECK(nonzero == 0, "[%s] backward%s: %lld dx of the constant channel are not 0",
+                   tu_ctx, pass ? " (x NULL)" : "", (long long)nonzero);
           TU_CHECK(bad == 0, "[%s] backward%s: non-finite dx outside the constant channel", tu_ctx,
                    pass ? " (x NULL)" : "");
           TU_CHECK(isfinite(tu_pload(dt, dg, zc)) && isfinite(tu_pload(dt, dbt, zc)),
@@ -124,9 +128,11 @@ static void test_zero_var(void) {
                  tu_ctx, (long long)bad);
         bad = 0;
         for (int64_t j = 0; j < c; j++)
-          for (int64_t q = 0; q < m; q++) bad += j != 3 && !isfinite(tu_load(dt, y, idx_of(lay, c, s, j, q)));
+          for (int64_t q = 0; q < m; q++)
+            bad += j != 3 && !isfinite(tu_load(dt, y, idx_of(lay, c, s, j, q)));
         TU_CHECK(bad == 0, "[%s] inference: non-finite y outside the var 0 channel", tu_ctx);
-        free(x), free(y), free(sm), free(si), free(rv), free(rm), free(mean), free(var), free(gamma);
+        free(x), free(y), free(sm), free(si), free(rv), free(rm), free(mean), free(var),
+            free(gamma);
       }
   norma_set_use_reference(0);
 }
@@ -140,7 +146,8 @@ static void test_momentum(void) {
         norma_dtype dt = DTS[t];
         norma_layout lay = (norma_layout)l;
         norma_set_use_reference(use_ref);
-        tu_set_ctx("momentum %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt), tu_layout_name(lay));
+        tu_set_ctx("momentum %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt),
+                   tu_layout_name(lay));
         const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt);
         const double tp = tu_tol_param(dt);
         tu_rng r = tu_rng_make(300 + t * 2 + l);
@@ -151,7 +158,8 @@ static void test_momentum(void) {
         tu_fill_param(dt, rv, c, &r, 1, 2);
         void *rm0 = tu_dup(rm, pb), *rv0 = tu_dup(rv, pb);
         norma_bn_desc d = {n, c, s, lay, dt, 1e-5, 0};
-        norma_status st = norma_bn_forward_training(&d, x, NULL, NULL, NULL, y, sm, si, rm, rv, 0.0);
+        norma_status st =
+            norma_bn_forward_training(&d, x, NULL, NULL, NULL, y, sm, si, rm, rv, 0.0);
         EXPECT_OK(st, "forward_training momentum 0");
         tu_same_bits("running_mean with momentum 0", rm, rm0, pb);
         tu_same_bits("running_var with momentum 0", rv, rv0, pb);
@@ -174,7 +182,8 @@ static void test_momentum(void) {
           st = norma_bn_forward_training(&d, x, NULL, NULL, NULL, y, sm, si, rm, rv, 1.0);
           EXPECT_OK(st, "forward_training momentum 1");
           tu_cmp_d("running_mean with momentum 1", tu_ptype(dt), rm, em, c, tp, 1.0);
-          tu_cmp_d(biased ? "running_var with momentum 1 (biased)" : "running_var with momentum 1 (unbiased)",
+          tu_cmp_d(biased ? "running_var with momentum 1 (biased)"
+                          : "running_var with momentum 1 (unbiased)",
                    tu_ptype(dt), rv, biased ? eb : ev, c, tp, 1.0);
           tu_same_bits("running_mean (momentum 1) == save_mean", rm, sm, pb);
         }
@@ -214,8 +223,10 @@ static void test_nan_propagation(void) {
           void *y0 = tu_poisoned(tb), *y1 = tu_poisoned(tb);
           void *sm0 = tu_poisoned(pb), *sm1 = tu_poisoned(pb), *si0 = tu_poisoned(pb),
                *si1 = tu_poisoned(pb);
-          void *rm0 = tu_dup(rm, pb), *rm1 = tu_dup(rm, pb), *rv0 = tu_dup(rv, pb), *rv1 = tu_dup(rv, pb);
-          norma_status st = norma_bn_forward_training(&d, x, NULL, gamma, beta, y0, sm0, si0, rm0, rv0, 0.1);
+          void *rm0 = tu_dup(rm, pb), *rm1 = tu_dup(rm, pb), *rv0 = tu_dup(rv, pb),
+               *rv1 = tu_dup(rv, pb);
+          norma_status st =
+              norma_bn_forward_training(&d, x, NULL, gamma, beta, y0, sm0, si0, rm0, rv0, 0.1);
           EXPECT_OK(st, "forward_training (clean)");
           st = norma_bn_forward_training(&d, xb, NULL, gamma, beta, y1, sm1, si1, rm1, rv1, 0.1);
           EXPECT_OK(st, "forward_training (non-finite in x)");
@@ -268,12 +279,14 @@ static void test_nan_propagation(void) {
             if (j == bc) finite_bad += isfinite(b) + isfinite(f);
             else bad_other += (memcmp(&a, &b, 8) != 0) + (memcmp(&e, &f, 8) != 0);
           }
-          TU_CHECK(bad_other == 0 && finite_bad == 0,
-                   "[%s] NaN in dy: %lld other-channel values changed, %lld bad-channel values finite",
-                   tu_ctx, (long long)bad_other, (long long)finite_bad);
+          TU_CHECK(
+              bad_other == 0 && finite_bad == 0,
+              "[%s] NaN in dy: %lld other-channel values changed, %lld bad-channel values finite",
+              tu_ctx, (long long)bad_other, (long long)finite_bad);
           free(x), free(xb), free(dy), free(dyb), free(gamma), free(beta), free(rm), free(rv);
           free(y0), free(y1), free(sm0), free(sm1), free(si0), free(si1), free(rm0), free(rm1),
-              free(rv0), free(rv1), free(dx0), free(dx1), free(dg0), free(dg1), free(db0), free(db1);
+              free(rv0), free(rv1), free(dx0), free(dx1), free(dg0), free(dg1), free(db0),
+              free(db1);
         }
   norma_set_use_reference(0);
 }
@@ -287,7 +300,8 @@ static void test_single_value(void) {
         norma_dtype dt = DTS[t];
         norma_layout lay = (norma_layout)l;
         norma_set_use_reference(use_ref);
-        tu_set_ctx("n*spatial == 1 %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt), tu_layout_name(lay));
+        tu_set_ctx("n*spatial == 1 %s %s %s", use_ref ? "ref" : "prod", tu_dt_name(dt),
+                   tu_layout_name(lay));
         const size_t tb = c * tu_esize(dt), pb = c * tu_psize(dt);
         tu_rng r = tu_rng_make(40 + t * 2 + l);
         void *x = tu_alloc(tb), *y = tu_poisoned(tb), *gamma = tu_alloc(pb), *beta = tu_alloc(pb),
@@ -299,8 +313,9 @@ static void test_single_value(void) {
         tu_fill_param(dt, var, c, &r, 0.5, 2);
         double *ey = tu_alloc(c * 8);
         for (int64_t j = 0; j < c; j++) {
-          double v = (tu_load(dt, x, j) - tu_pload(dt, mean, j)) / sqrt(tu_pload(dt, var, j) + 1e-3) *
-                         tu_pload(dt, gamma, j) + tu_pload(dt, beta, j);
+          double v = (tu_load(dt, x, j) - tu_pload(dt, mean, j)) /
+                         sqrt(tu_pload(dt, var, j) + 1e-3) * tu_pload(dt, gamma, j) +
+                     tu_pload(dt, beta, j);
           ey[j] = v > 0 ? v : 0;
         }
         norma_bn_desc d = {1, c, 1, lay, dt, 1e-3, NORMA_BN_RELU};
@@ -365,7 +380,8 @@ static void test_inplace(void) {
           norma_bn_desc dchk = d;
           dchk.flags |= NORMA_CHECK_FINITE;
           void *y = tu_poisoned(tb), *sm = tu_poisoned(pb), *si = tu_poisoned(pb);
-          norma_status st = norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, NULL, NULL, 0);
+          norma_status st =
+              norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si, NULL, NULL, 0);
           EXPECT_OK(st, "forward_training");
           /* CHECK_FINITE on finite data: identical */
           void *yc = tu_poisoned(tb);
@@ -395,7 +411,8 @@ static void test_inplace(void) {
           EXPECT_OK(st, "forward_inference y == x");
           tu_same_bits("y == x (inference)", xy, yi, tb);
           /* backward */
-          void *dx = tu_poisoned(tb), *dr = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
+          void *dx = tu_poisoned(tb), *dr = tu_poisoned(tb), *dg = tu_poisoned(pb),
+               *dbt = tu_poisoned(pb);
           st = norma_bn_backward(&d, x, y, dy, gamma, beta, sm, si, dx, dr, dg, dbt);
           EXPECT_OK(st, "backward");
           void *dxc = tu_poisoned(tb);
@@ -434,8 +451,9 @@ static void test_inplace(void) {
             tu_same_bits("dresidual == dy: dresidual", buf, dr, tb);
             tu_same_bits("dresidual == dy: dx", buf2, dx, tb);
           }
-          free(x), free(res), free(dy), free(gamma), free(beta), free(y), free(sm), free(si), free(yc),
-              free(xy), free(yi), free(mean), free(var), free(dx), free(dr), free(dg), free(dbt), free(dxc), free(buf), free(buf2);
+          free(x), free(res), free(dy), free(gamma), free(beta), free(y), free(sm), free(si),
+              free(yc), free(xy), free(yi), free(mean), free(var), free(dx), free(dr), free(dg),
+              free(dbt), free(dxc), free(buf), free(buf2);
         }
   norma_set_use_reference(0);
 }

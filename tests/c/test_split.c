@@ -73,9 +73,9 @@ static void test_accumulate(void) {
           norma_dtype dt = DTS[t];
           norma_layout lay = (norma_layout)l;
           norma_set_use_reference(use_ref);
-          tu_set_ctx("accumulate %s n=%lld c=%lld s=%lld tiles %lldx%lld %s %s", use_ref ? "ref" : "prod",
-                     (long long)f.n, (long long)f.c, (long long)f.s, (long long)f.rt,
-                     (long long)f.ct, tu_dt_name(dt), tu_layout_name(lay));
+          tu_set_ctx("accumulate %s n=%lld c=%lld s=%lld tiles %lldx%lld %s %s",
+                     use_ref ? "ref" : "prod", (long long)f.n, (long long)f.c, (long long)f.s,
+                     (long long)f.rt, (long long)f.ct, tu_dt_name(dt), tu_layout_name(lay));
           const int64_t total = f.n * f.c * f.s, c = f.c;
           /* norma_bn_moments may accumulate f32 / f16 / bf16 data in f32 (x - shift)^2 */
           const double tm = dt == NORMA_F64 ? 1e-12 : 1e-5;
@@ -110,7 +110,8 @@ static void test_accumulate(void) {
             const int64_t R = f.n * f.s, ld = c + 3;
             const size_t es = tu_esize(dt);
             char *xp = tu_poisoned(R * ld * es);
-            for (int64_t q = 0; q < R; q++) memcpy(xp + q * ld * es, (char *)x + q * c * es, c * es);
+            for (int64_t q = 0; q < R; q++)
+              memcpy(xp + q * ld * es, (char *)x + q * c * es, c * es);
             zero_moments(c, cb, mb, m2b);
             st = norma_bn_moments_accumulate(dt, R, c, xp, ld, 1, cb, mb, m2b);
             EXPECT_OK(st, "moments_accumulate (ld = c + 3)");
@@ -225,16 +226,19 @@ static void test_stats_from_moments(void) {
         double var = m2[j] / cnt[j];
         ei[j] = 1.0 / sqrt(var + eps);
         erm[j] = (1 - mom) * tu_pload(dt, rm, j) + mom * mean[j];
-        erv[j] = (1 - mom) * tu_pload(dt, rv, j) + mom * (biased ? var : var * cnt[j] / (cnt[j] - 1.0));
+        erv[j] =
+            (1 - mom) * tu_pload(dt, rv, j) + mom * (biased ? var : var * cnt[j] / (cnt[j] - 1.0));
       }
-      norma_bn_desc d = {1, c, 1, NORMA_CHANNELS_FIRST, dt, eps, biased ? NORMA_BN_BIASED_RUNNING_VAR : 0u};
+      norma_bn_desc d = {
+          1, c, 1, NORMA_CHANNELS_FIRST, dt, eps, biased ? NORMA_BN_BIASED_RUNNING_VAR : 0u};
       /* m2 == 0 with eps == 0: invstd 0 (the training forward's rule) */
       m2[c - 1] = 0.0;
       double *io0 = tu_poisoned(c * 8), *mo0 = tu_poisoned(c * 8);
       void *si0 = tu_poisoned(pb);
       norma_bn_desc d0 = d;
       d0.eps = 0.0;
-      norma_status st0 = norma_bn_stats_from_moments(&d0, cnt, mean, m2, mo0, io0, NULL, si0, NULL, NULL, 0);
+      norma_status st0 =
+          norma_bn_stats_from_moments(&d0, cnt, mean, m2, mo0, io0, NULL, si0, NULL, NULL, 0);
       EXPECT_OK(st0, "stats_from_moments (eps 0)");
       TU_CHECK(io0[c - 1] == 0.0 && tu_pload(dt, si0, c - 1) == 0.0,
                "[%s] m2 == 0, eps == 0: invstd %g, save_invstd %g, want 0", tu_ctx, io0[c - 1],
@@ -245,7 +249,8 @@ static void test_stats_from_moments(void) {
       for (int64_t j = 0; j < c; j++) {
         double var = m2[j] / cnt[j];
         ei[j] = 1.0 / sqrt(var + eps);
-        erv[j] = (1 - mom) * tu_pload(dt, rv, j) + mom * (biased ? var : var * cnt[j] / (cnt[j] - 1.0));
+        erv[j] =
+            (1 - mom) * tu_pload(dt, rv, j) + mom * (biased ? var : var * cnt[j] / (cnt[j] - 1.0));
       }
       norma_status st = norma_bn_stats_from_moments(&d, cnt, mean, m2, mo, io, sm, si, rm, rv, mom);
       EXPECT_OK(st, "stats_from_moments");
@@ -268,7 +273,8 @@ static void test_split_vs_fused(void) {
      samples take it too */
   static const shape shapes[] = {{2, 3, 49}, {5, 17, 7}, {2, 64, 1021}, {16, 33, 1}, {3, 17, 2},
                                  {24, 17, 6}, {16, 33, 9}};
-  static const unsigned flag_list[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU, NORMA_BN_BIASED_RUNNING_VAR};
+  static const unsigned flag_list[] = {0, NORMA_BN_RELU, NORMA_BN_ADD_RELU,
+                                       NORMA_BN_BIASED_RUNNING_VAR};
   int k = 0;
   for (int si = 0; si < (int)(sizeof shapes / sizeof *shapes); si++)
     for (int t = 0; t < 4; t++)
@@ -280,9 +286,9 @@ static void test_split_vs_fused(void) {
           const unsigned flags = flag_list[k % 4];
           const int act = (flags & NORMA_BN_ADD_RELU) ? 2 : (flags & NORMA_BN_RELU) ? 1 : 0;
           norma_set_use_reference(use_ref);
-          tu_set_ctx("split vs fused %s n=%lld c=%lld s=%lld %s %s flags 0x%x", use_ref ? "ref" : "prod",
-                     (long long)sh.n, (long long)sh.c, (long long)sh.s, tu_dt_name(dt),
-                     tu_layout_name(lay), flags);
+          tu_set_ctx("split vs fused %s n=%lld c=%lld s=%lld %s %s flags 0x%x",
+                     use_ref ? "ref" : "prod", (long long)sh.n, (long long)sh.c, (long long)sh.s,
+                     tu_dt_name(dt), tu_layout_name(lay), flags);
           const int64_t c = sh.c, m = sh.n * sh.s, total = sh.n * c * sh.s;
           const size_t tb = total * tu_esize(dt), pb = c * tu_psize(dt), db = c * 8;
           const double tt = tu_tol_tensor(dt), tp = tu_tol_param(dt);
@@ -300,11 +306,13 @@ static void test_split_vs_fused(void) {
           /* fused */
           void *y = tu_poisoned(tb), *sm = tu_poisoned(pb), *si_ = tu_poisoned(pb);
           void *rm = tu_dup(rm0, pb), *rv = tu_dup(rv0, pb);
-          norma_status st = norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si_, rm, rv, 0.2);
+          norma_status st =
+              norma_bn_forward_training(&d, x, res, gamma, beta, y, sm, si_, rm, rv, 0.2);
           EXPECT_OK(st, "forward_training");
           /* split */
           int64_t *cnt = tu_poisoned(c * 8);
-          double *mean = tu_poisoned(db), *m2 = tu_poisoned(db), *mo = tu_poisoned(db), *io = tu_poisoned(db);
+          double *mean = tu_poisoned(db), *m2 = tu_poisoned(db), *mo = tu_poisoned(db),
+                 *io = tu_poisoned(db);
           void *y2 = tu_poisoned(tb), *sm2 = tu_poisoned(pb), *si2 = tu_poisoned(pb);
           void *rm2 = tu_dup(rm0, pb), *rv2 = tu_dup(rv0, pb);
           st = norma_bn_moments(&d, x, cnt, mean, m2);
@@ -319,7 +327,8 @@ static void test_split_vs_fused(void) {
           tu_cmp("running_mean: split vs fused", tu_ptype(dt), rm2, rm, c, tp, 1.0);
           tu_cmp("running_var: split vs fused", tu_ptype(dt), rv2, rv, c, tp, 1.0);
           /* backward, fused and split (mean / invstd: the saved ones, as double) */
-          void *dx = tu_poisoned(tb), *dr = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
+          void *dx = tu_poisoned(tb), *dr = tu_poisoned(tb), *dg = tu_poisoned(pb),
+               *dbt = tu_poisoned(pb);
           st = norma_bn_backward(&d, x, y, dy, gamma, beta, sm, si_, dx, dr, dg, dbt);
           EXPECT_OK(st, "backward");
           double *bm = tu_alloc(db), *bi = tu_alloc(db);
@@ -327,10 +336,12 @@ static void test_split_vs_fused(void) {
           double *sdy = tu_poisoned(db), *sdx = tu_poisoned(db), *sx = tu_poisoned(db);
           st = norma_bn_backward_reduce(&d, x, y, dy, gamma, beta, bm, bi, sdy, sdx, sx);
           EXPECT_OK(st, "backward_reduce");
-          void *dg2 = tu_poisoned(pb), *db2 = tu_poisoned(pb), *dx2 = tu_poisoned(tb), *dr2 = tu_poisoned(tb);
+          void *dg2 = tu_poisoned(pb), *db2 = tu_poisoned(pb), *dx2 = tu_poisoned(tb),
+               *dr2 = tu_poisoned(tb);
           st = norma_bn_param_grads(&d, sdy, sdx, sx, m, dg2, db2);
           EXPECT_OK(st, "param_grads");
-          st = norma_bn_backward_apply(&d, x, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2, dr2);
+          st =
+              norma_bn_backward_apply(&d, x, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2, dr2);
           EXPECT_OK(st, "backward_apply");
           const double sf = sqrt((double)m);
           tu_cmp("dx: split vs fused", dt, dx2, dx, total, tt, 1.0);
@@ -347,11 +358,13 @@ static void test_split_vs_fused(void) {
             EXPECT_OK(st, "backward_reduce (x NULL)");
             st = norma_bn_param_grads(&d, sdy, sdx, sx, m, dg2, db2);
             EXPECT_OK(st, "param_grads (x NULL)");
-            st = norma_bn_backward_apply(&d, NULL, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2, NULL);
+            st = norma_bn_backward_apply(&d, NULL, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2,
+                                         NULL);
             EXPECT_OK(st, "backward_apply (x NULL)");
             tu_cmp("dx (x NULL): split vs fused", dt, dx2, dx, total, tt, 1.0);
             /* x_hat recovered from a stored y: as accurate as the storage type */
-            tu_cmp("dgamma (x NULL): split vs fused", tu_ptype(dt), dg2, dg, c, tt > tp ? tt : tp, sf);
+            tu_cmp("dgamma (x NULL): split vs fused", tu_ptype(dt), dg2, dg, c, tt > tp ? tt : tp,
+                   sf);
           }
           /* GLOBAL_STATS */
           norma_bn_desc dgl = d;
@@ -363,7 +376,8 @@ static void test_split_vs_fused(void) {
           EXPECT_OK(st, "backward_reduce (global)");
           st = norma_bn_param_grads(&dgl, sdy, sdx, sx, m, dg2, db2);
           EXPECT_OK(st, "param_grads (global)");
-          st = norma_bn_backward_apply(&dgl, x, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2, NULL);
+          st = norma_bn_backward_apply(&dgl, x, y, dy, gamma, beta, bm, bi, sdy, sdx, sx, m, dx2,
+                                       NULL);
           EXPECT_OK(st, "backward_apply (global)");
           tu_cmp("dx (global): split vs fused", dt, dx2, dx, total, tt, 1.0);
           tu_cmp("dgamma (global): split vs fused", tu_ptype(dt), dg2, dg, c, tp, sf);
@@ -398,8 +412,8 @@ static void test_apply_formulas(void) {
           tu_fill_uniform(dt, dy, total, &r, -1, 1);
           tu_fill_param(dt, gamma, c, &r, 0.5, 1.5);
           tu_fill_param(dt, beta, c, &r, -0.5, 0.5);
-          double *mean = tu_alloc(db), *inv = tu_alloc(db), *sdy = tu_alloc(db), *sdx = tu_alloc(db),
-                 *sx = tu_alloc(db);
+          double *mean = tu_alloc(db), *inv = tu_alloc(db), *sdy = tu_alloc(db),
+                 *sdx = tu_alloc(db), *sx = tu_alloc(db);
           const int64_t count = 1000;
           for (int64_t j = 0; j < c; j++) {
             mean[j] = tu_uniform(&r, -0.5, 0.5), inv[j] = tu_uniform(&r, 0.5, 2);
@@ -420,8 +434,8 @@ static void test_apply_formulas(void) {
           }
           norma_bn_desc d = {n, c, s, lay, dt, 1e-5, 0};
           void *dx = tu_poisoned(tb), *dg = tu_poisoned(pb), *dbt = tu_poisoned(pb);
-          norma_status st = norma_bn_backward_apply(&d, x, NULL, dy, gamma, beta, mean, inv, sdy, sdx,
-                                                    sx, count, dx, NULL);
+          norma_status st = norma_bn_backward_apply(&d, x, NULL, dy, gamma, beta, mean, inv, sdy,
+                                                    sdx, sx, count, dx, NULL);
           EXPECT_OK(st, "backward_apply");
           tu_cmp_d("backward_apply dx vs the documented formula", dt, dx, edx, total,
                    tu_tol_tensor(dt), 1.0);
@@ -448,7 +462,8 @@ static void test_apply_formulas(void) {
           tu_cmp_d("backward_apply dx (sum_xhat NULL)", dt, dx, edx, total, tu_tol_tensor(dt), 1.0);
           st = norma_bn_param_grads(&d, sdy, sdx, NULL, count, dg, dbt);
           EXPECT_OK(st, "param_grads (sum_xhat NULL)");
-          tu_cmp_d("param_grads dgamma (sum_xhat NULL)", tu_ptype(dt), dg, edg, c, tu_tol_param(dt), 1.0);
+          tu_cmp_d("param_grads dgamma (sum_xhat NULL)", tu_ptype(dt), dg, edg, c, tu_tol_param(dt),
+                   1.0);
           free(x), free(dy), free(gamma), free(beta), free(mean), free(inv), free(sdy), free(sdx),
               free(sx), free(edx), free(edg), free(edb), free(dx), free(dg), free(dbt);
         }

@@ -99,7 +99,9 @@ static TU_UNUSED double tu_uniform(tu_rng *r, double lo, double hi) {
   return lo + (hi - lo) * tu_u01(r);
 }
 /* integer in [0, k) */
-static TU_UNUSED int64_t tu_below(tu_rng *r, int64_t k) { return (int64_t)(tu_next(r) % (uint64_t)k); }
+static TU_UNUSED int64_t tu_below(tu_rng *r, int64_t k) {
+  return (int64_t)(tu_next(r) % (uint64_t)k);
+}
 /* standard normal (Box-Muller, one value per call) */
 static TU_UNUSED double tu_normal(tu_rng *r) {
   double u1 = tu_u01(r), u2 = tu_u01(r);
@@ -125,7 +127,9 @@ static TU_UNUSED size_t tu_esize(norma_dtype t) {
   return t == NORMA_F64 ? 8 : t == NORMA_F32 ? 4 : 2;
 }
 /* the per-channel parameter type of a dtype: f64 for F64, f32 otherwise */
-static TU_UNUSED norma_dtype tu_ptype(norma_dtype t) { return t == NORMA_F64 ? NORMA_F64 : NORMA_F32; }
+static TU_UNUSED norma_dtype tu_ptype(norma_dtype t) {
+  return t == NORMA_F64 ? NORMA_F64 : NORMA_F32;
+}
 static TU_UNUSED size_t tu_psize(norma_dtype t) { return t == NORMA_F64 ? 8 : 4; }
 
 static TU_UNUSED double tu_load(norma_dtype t, const void *p, int64_t i) {
@@ -221,7 +225,8 @@ static TU_UNUSED void tu_fill_channels(norma_dtype t, norma_layout l, void *p, i
         tu_store(t, p, tu_index(l, c, s, i, ch, sp), mu[ch] + sd[ch] * tu_uniform(r, -a, a));
 }
 
-/* ---- comparisons ------------------------------------------------------------------------------ */
+/* ---- comparisons ------------------------------------------------------------------------------
+ */
 
 /* Compares count elements of got (type t) against ref (type rt, or double when rt < 0):
    each must satisfy |got - ref| <= tol * max(|ref|, floor); NaN matches NaN and an infinity

@@ -94,7 +94,8 @@ int bench_probe(size_t bytes, int threads, int passes, bench_probe_result *r) {
 #pragma omp parallel num_threads(threads)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    size_t i0 = n / 32 * (size_t)t / (size_t)nt * 32, i1 = n / 32 * (size_t)(t + 1) / (size_t)nt * 32;
+    size_t i0 = n / 32 * (size_t)t / (size_t)nt * 32,
+           i1 = n / 32 * (size_t)(t + 1) / (size_t)nt * 32;
     for (size_t i = i0; i < i1; ++i) {
       src[i] = (float)(i & 1023) * 0.001f;
       dst[i] = 0.0f;

@@ -146,10 +146,12 @@ int bench_parse_case(const char *text, bench_case *k, char *err, size_t errlen) 
       if (k->family != BENCH_GN) return set_err(err, errlen, "groups= is for GroupNorm ops");
       k->groups = v;
     } else if (strcmp(tok, "reps") == 0) {
-      if (parse_count(eq + 1, 1, &v) || v > 1000000) return set_err(err, errlen, "reps must be >= 1");
+      if (parse_count(eq + 1, 1, &v) || v > 1000000)
+        return set_err(err, errlen, "reps must be >= 1");
       k->reps = (int)v;
     } else if (strcmp(tok, "warmup") == 0) {
-      if (parse_count(eq + 1, 0, &v) || v > 1000000) return set_err(err, errlen, "warmup must be >= 0");
+      if (parse_count(eq + 1, 0, &v) || v > 1000000)
+        return set_err(err, errlen, "warmup must be >= 0");
       k->warmup = (int)v;
     } else {
       return set_err(err, errlen, "case '%s': unknown key '%s' (groups, reps, warmup)", text, tok);

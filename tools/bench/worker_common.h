@@ -34,7 +34,12 @@ typedef enum bench_dir { BENCH_FWD = 0, BENCH_INFER = 1, BENCH_BWD = 2 } bench_d
 typedef enum bench_act {
   BENCH_ACT_NONE = 0, BENCH_ACT_RELU = 1, BENCH_ACT_ADD_RELU = 2, BENCH_ACT_SILU = 3
 } bench_act;
-typedef enum bench_layout { BENCH_NCHW = 0, BENCH_NHWC = 1, BENCH_NC = 2, BENCH_ROWS = 3 } bench_layout;
+typedef enum bench_layout {
+  BENCH_NCHW = 0,
+  BENCH_NHWC = 1,
+  BENCH_NC = 2,
+  BENCH_ROWS = 3
+} bench_layout;
 typedef enum bench_dtype { BENCH_F32 = 0, BENCH_BF16 = 1, BENCH_F16 = 2 } bench_dtype;
 /* the operator: BatchNorm, LayerNorm, RMSNorm, GroupNorm, InstanceNorm */
 typedef enum bench_family {

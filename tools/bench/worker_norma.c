@@ -270,8 +270,9 @@ static bench_status run_case(const bench_case *k, int warmup, int reps, bench_ti
              ",\"isa\":\"%s\",\"model\":\"%d-pass\",\"plan\":{\"dram_passes\":%d,\"fused\":%d,"
              "\"unit\":%lld,\"threads\":%d,\"isa\":\"%s\",\"streaming_stores\":%d,"
              "\"reference\":%d}",
-             norma_isa_name(plan.isa), plan.dram_passes, plan.dram_passes, plan.fused, (long long)plan.unit, plan.threads,
-             norma_isa_name(plan.isa), plan.streaming_stores, plan.reference);
+             norma_isa_name(plan.isa), plan.dram_passes, plan.dram_passes, plan.fused,
+             (long long)plan.unit, plan.threads, norma_isa_name(plan.isa), plan.streaming_stores,
+             plan.reference);
   }
   return BENCH_OK;
 }
