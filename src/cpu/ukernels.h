@@ -58,16 +58,15 @@
    caches (NORM_SEQ_BYTES), so the kernels read whole rows in address order (ukernels_vec.inc,
    "rows in address order"): the apply where the rows have up to BN_SEQ_APPLY_MAX channels
    (AVX-512: up to its strips' widest rows, BSTRIP_MAX), the sums where they have up to
-   BN_SEQ_SUMS_MAX.  The bits are those without it, except the sums of rows of
-   BN_SEQ_ONE_MIN to BN_SEQ_SUMS_MAX channels, which add a row at a time in f32 within each
-   block of BN_SUMS_BLOCK_ROWS rows (instead of rows by fours combined pairwise) on every
-   vector ISA, whatever part of the rows a call takes (the row's width ld decides, not the
-   call's channels nc) */
+   BN_SEQ_SUMS_MAX.  The bits are those without it, except the sums of rows of up to
+   BN_SEQ_SUMS_MAX channels, which add a row at a time in f32 within each block of
+   BN_SUMS_BLOCK_ROWS rows (instead of rows by fours combined pairwise) on every vector ISA,
+   whatever part of the rows a call takes (the row's width ld decides, not the call's
+   channels nc) */
 #define BN_ROWS_SEQ 0x1000
 #define BN_SEQ_APPLY_MAX 256
 #define BN_SEQ_ROW_MIN 481 /* past the widest rows of AVX-512's strips (BSTRIP_MAX) */
 #define BN_SEQ_SUMS_MAX 1024
-#define BN_SEQ_ONE_MIN 65 /* past AVX-512's one strip (RSTRIP vectors) */
 /* or-ed into the `act` argument of bwd_rows: with streaming stores, a row at a time instead of
    rows by fours, prefetching ONE_PF_BYTES ahead with BN_PF_AHEAD (the engine's choice:
    norm_bwd_one_row in engine.c); the bits are those without it */

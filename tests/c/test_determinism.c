@@ -283,10 +283,11 @@ int main(void) {
        thread) */
     det_more_threads = 1;
     det_case(12, 720, 1444, NORMA_CHANNELS_LAST, NORMA_F32, 0, 33, 0.0);
-    /* rows of 256 channels a row at a time too (BN_SEQ_ONE_MIN): 33 segments of 1024 rows
-       (34.6 MB), whose channels 8 threads split in two blocks of 128 (split_cblock in
-       engine.c) */
+    /* rows of 256 channels a row at a time too: 33 segments of 1024 rows (34.6 MB), whose
+       channels 8 threads split in two blocks of 128 (split_cblock in engine.c) */
     det_case(33, 256, 1024, NORMA_CHANNELS_LAST, NORMA_F32, NORMA_BN_RELU, 36, 0.0);
+    /* and of 64 (AVX-512: one strip, its sums in registers): 132 segments (34.6 MB) */
+    det_case(33, 64, 4096, NORMA_CHANNELS_LAST, NORMA_F32, NORMA_BN_ADD_RELU, 37, 0.0);
     det_more_threads = 0;
     /* channels-first runs of 144 f32 values that stream (4.9 MB): two samples a segment in
        the reductions (cf_spr_sums), three in the apply, an odd sample last */

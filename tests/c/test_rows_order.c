@@ -1,13 +1,13 @@
 /* test_rows_order.c - the channels-last kernels give the same bits whatever order they walk
  * memory in.  Far beyond the caches (flag BN_ROWS_SEQ) the backward's sums read whole rows one
  * after the other (ukernels_vec.inc, bwd_sums_seq); else they take strips of a row (AVX-512) or
- * rows by fours.  Rows of fewer than BN_SEQ_ONE_MIN channels keep the rows-by-fours arithmetic,
- * so each ISA's bwd_sums_rows is called on the same block with and without the flags and the
- * sums compared bit for bit: f32 / bf16 / f16, every activation, widths with every tail of 8
- * and 16 lanes (1 .. 1024 channels, and 1040, which the sequential walk does not take), row
- * counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Rows of BN_SEQ_ONE_MIN to
- * BN_SEQ_SUMS_MAX channels add a row at a time under the flag: their sums are checked bit for
- * bit against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which
+ * rows by fours.  Each ISA's bwd_sums_rows is called on the same block with and without the
+ * flags: f32 / bf16 / f16, every activation, widths with every tail of 8 and 16 lanes (1 ..
+ * 1024 channels, and 1040, which the sequential walk does not take, so its sums must not
+ * change a bit), row counts around the fours and the blocks of BN_SUMS_BLOCK_ROWS.  Rows of up
+ * to BN_SEQ_SUMS_MAX channels add a row at a time under the flag (AVX-512's rows of one strip,
+ * up to 64 channels, in registers; the others in L1): their sums are checked bit for bit
+ * against that arithmetic done here in scalar f32 (fmaf where the kernels fuse), which
  * every vector ISA must match (no activation, ReLU, add + ReLU; SiLU, whose gradient the test
  * does not model, against the sums without the flag within rounding).  Under the flag, the sums
  * of blocks of 48 channels of the rows (as the engine's threads may split them) must be those
@@ -28,7 +28,7 @@ static int same_d(double a, double b) {
   return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
 }
 
-/* the sums of rows of BN_SEQ_ONE_MIN .. BN_SEQ_SUMS_MAX channels under BN_ROWS_SEQ: in
+/* the sums of rows of up to BN_SEQ_SUMS_MAX channels under BN_ROWS_SEQ: in
    each block of BN_SUMS_BLOCK_ROWS rows a row at a time in f32, x_hat = fmaf(x, xs, xo),
    g = dy (where y > 0 with an activation), s2 = fmaf(g, x_hat, s2); the blocks added in double */
 static void seq_row_sums(norma_dtype dt, const void *x, const void *y, const void *dy,
@@ -99,7 +99,7 @@ static void check_sums(const char *isa, const bn_ukernels *uk, norma_dtype dt) {
                  "the sums of blocks of 48 channels differ from those of whole rows", isa,
                  (int)dt, act, (long long)rows, (long long)c);
         ok = 1; /* the checks below report their own failures */
-        if (c < BN_SEQ_ONE_MIN || c > BN_SEQ_SUMS_MAX) {
+        if (c > BN_SEQ_SUMS_MAX) {
           for (int64_t j = 0; j < c; j++)
             ok &= same_d(o[0][j], o[3][j]) & same_d(o[1][j], o[4][j]) & same_d(o[2][j], o[5][j]);
           TU_CHECK(ok, "%s dtype %d act %d: %lld rows of %lld channels: the sums differ with the "
