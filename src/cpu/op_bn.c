@@ -221,8 +221,25 @@ static int wide_cf_runs(const norm_geom *g, int backward) {
   return 0;
 }
 
+/* Channels-last tensors of at most WIDE_CL_MIN_ROWS rows keep their rows for the training
+   forward and the backward: the view's cost per column (each column's sums, their merge into
+   its channel, the constants repeated) outweighs the partial vectors it saves when the wide
+   rows are few.  Measured (Zen 5, f32, best of 10 rounds of 1000-2000 calls alternating in one
+   process, us, the view / the rows): training forward 16x4x4x16 3.71 / 1.44, 16x8x8x16 5.13 /
+   3.96, 16x4x4x8 3.41 / 1.27, 16x8x8x8 4.39 / 3.88, 16x4x4x4 4.04 / 1.29, 16x8x8x3 3.80 /
+   3.99; backward 16x4x4x8 4.94 / 1.18, 16x4x4x4 6.11 / 1.20, 16x8x8x8 6.41 / 3.34, 16x8x8x3
+   5.95 / 3.46.  Past it the view gains, more so for fewer channels: training forward
+   32x8x8x8 (2048 rows) 5.84 / 7.35, 64x16x16x4 11.2 / 35.2, 64x16x16x3 9.2 / 33.1, but
+   64x8x8x16 11.7 / 9.1 and 64x16x8x16 (8192 rows) 19.8 / 16.8 against 32x16x16x16 15.9 /
+   16.9; backward 64x16x16x3 12.0 / 42.6, 64x16x8x8 15.7 / 12.6.  The inference keeps the view
+   (16x4x4x16 0.70 / 0.88, 16x8x8x8 1.44 / 2.74, but 16x4x4x4 1.51 / 0.84).  A random sweep
+   had found the training forward of NHWC 16x4x4x16 at 0.67x of oneDNN (3.6 against 2.5 us,
+   `pair.py --twice`). */
+#define WIDE_CL_MIN_ROWS 1024
 static int64_t wide_factor(const norm_geom *g, norm_nt_kind kind) {
   const int backward = kind == NORM_NT_BWD;
+  if (g->layout == NORMA_CHANNELS_LAST && kind != NORM_NT_INFER && g->m <= WIDE_CL_MIN_ROWS)
+    return 1;
   /* rows of exactly one line: wider only for the forward (measured on 16 f32 channels:
      inference 10.8 -> 8.9 ms, training 22-27 -> 17 ms, but the backward 27 -> 32 ms) */
   const int64_t row = g->c * (int64_t)g->esize;
