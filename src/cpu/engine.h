@@ -52,7 +52,9 @@
    2 threads, f32, A/B in one phase of the machine: 32x56x56x256 (103 MB) 1.08-1.9x (median
    1.45), 32x56x56x128 (51 MB) 1.19x, 32x112x112x64 1.14x; below the threshold 32x56x56x64
    (25.7 MB) 0.84x and 32x14x14x1024 0.55-0.75x, where the rows come partly from the LLC and
-   the order's extra loads and stores cost more than it gains. */
+   the order's extra loads and stores cost more than it gains.  Since the forty-first session
+   f32 rows of up to 480 channels take the order from NORM_CACHED_BYTES (norm_seq_bytes in
+   engine.c, measured there). */
 #define NORM_SEQ_BYTES ((int64_t)32 << 20)
 
 /* Rows per segment of a channels-last reduction over `rows` rows of row_bytes bytes: segments
