@@ -1555,6 +1555,22 @@ static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
    [1, 64, 16, 16] forward 0.78x, backward 0.91x; InstanceNorm NCHW [1, 32, 16, 16] 0.85x). */
 #define NORM_PAR_PER_SAMPLE 24576
 
+/* The tensors beyond which the backward reads its rows in address order (BN_ROWS_SEQ):
+   NORM_SEQ_BYTES, but from NORM_CACHED_BYTES for f32 rows of up to NORM_SEQ_NARROW_MAX_C
+   channels, whose x and dy together overflow the LLC share there already.  Measured (forty-
+   first session, Zen 5, 2 threads, f32, 25.7 MB tensors unless said, the whole backward
+   alternating in one process, medians of 15, ms, the rows in order / as before): 64 channels
+   2.13 / 2.22, 2.62 / 2.64 (24x56x56x64, 19.3 MB: 1.56 / 1.67, 2.15 / 2.34); 128 3.92 /
+   4.48, 3.89 / 4.37; 256 3.57 / 4.51, 3.21 / 5.01, AVX2 2.72 / 3.45, 2.94 / 3.67; 320 3.32 /
+   4.22, 3.27 / 4.09; 448 5.13 / 7.47, 3.68 / 4.14, 4.02 / 4.51; but 512 3.68 / 3.52, 4.39 /
+   4.47, 768 3.59 / 3.16, 4.39 / 4.01, 1024 3.75 / 2.99, 3.62 / 3.10.  A random sweep had
+   found the backward of NHWC 16x30x30x448 at 0.81x of PyTorch (pair.py --twice, 8 rounds). */
+#define NORM_SEQ_NARROW_MAX_C 480
+static int64_t norm_seq_bytes(const norm_geom *g) {
+  return g->dt == NORMA_F32 && g->c <= NORM_SEQ_NARROW_MAX_C ? NORM_CACHED_BYTES
+                                                             : NORM_SEQ_BYTES;
+}
+
 /* Where BatchNorm's channels-last kernels go without software prefetch although the tensor
    is beyond the caches: the hardware's prefetchers serve their one ascending stream, and the
    kernels' prefetch of every line stalled it (`perf`: a fifth of the inference of
@@ -1575,22 +1591,6 @@ static int norm_bwd_one_row(const norm_geom *g, int64_t bytes) {
      1.05x, ReLU 1.04x; within NORM_SEQ_BYTES the LLC holds part of the tensor and it lost
      (32x56x56x64, 25.7 MB: 0.95x).  AVX2's rows by fours need the prefetch (k_bwd_sums_rows);
      wider rows' backward too (all prefetch off: 32x56x56x256 0.94x, 8x93x93x576 0.875x). */
-/* The tensors beyond which the backward reads its rows in address order (BN_ROWS_SEQ):
-   NORM_SEQ_BYTES, but from NORM_CACHED_BYTES for f32 rows of up to NORM_SEQ_NARROW_MAX_C
-   channels, whose x and dy together overflow the LLC share there already.  Measured (forty-
-   first session, Zen 5, 2 threads, f32, 25.7 MB tensors unless said, the whole backward
-   alternating in one process, medians of 15, ms, the rows in order / as before): 64 channels
-   2.13 / 2.22, 2.62 / 2.64 (24x56x56x64, 19.3 MB: 1.56 / 1.67, 2.15 / 2.34); 128 3.92 /
-   4.48, 3.89 / 4.37; 256 3.57 / 4.51, 3.21 / 5.01, AVX2 2.72 / 3.45, 2.94 / 3.67; 320 3.32 /
-   4.22, 3.27 / 4.09; 448 5.13 / 7.47, 3.68 / 4.14, 4.02 / 4.51; but 512 3.68 / 3.52, 4.39 /
-   4.47, 768 3.59 / 3.16, 4.39 / 4.01, 1024 3.75 / 2.99, 3.62 / 3.10.  A random sweep had
-   found the backward of NHWC 16x30x30x448 at 0.81x of PyTorch (pair.py --twice, 8 rounds). */
-#define NORM_SEQ_NARROW_MAX_C 480
-static int64_t norm_seq_bytes(const norm_geom *g) {
-  return g->dt == NORMA_F32 && g->c <= NORM_SEQ_NARROW_MAX_C ? NORM_CACHED_BYTES
-                                                             : NORM_SEQ_BYTES;
-}
-
 static int rows_no_prefetch(const norm_job *jb, int64_t bytes) {
   const norm_geom *g = jb->g;
   if (!jb->rows_form || g->per_sample) return 0;
