@@ -5,6 +5,7 @@ Same command line, case syntax, output and methodology as the C workers
 (tools/bench/worker_common.h):
 
     peer_torch.py [--threads N] [--warmup W] [--reps R] [--budget-s S] [--info]
+                  [--min-warmup-ms MS] [--min-time-ms MS]
                   [--case 'OP LAYOUT DTYPE DIMS [key=value]...']... [--stdin]
 
 prints one JSON line per case: {"type": "result", "lib": "torch", "op": ..., "status": "ok",
@@ -148,25 +149,29 @@ def tensor(shape, layout, dt, gen, lo=-1.0, hi=1.0):
 
 
 BUDGET_MS = 0.0  # --budget-s, as the C workers: warm-ups stop after a quarter, timed runs after it
+# --min-warmup-ms, --min-time-ms, as the C workers: warm-ups and timed runs go on past --warmup,
+# --reps runs until they have taken this long (at most MAX_REPS runs each)
+MIN_WARM_MS, MIN_TIME_MS, MAX_REPS = 0.0, 0.0, 100000
 
 
 def timeit(fn, warmup, reps):
     """-> min, median, max (ms), timed runs, warm-ups run."""
     spent, warm = 0.0, 0
-    for _ in range(warmup):
+    while warm < warmup or (spent < MIN_WARM_MS and warm < MAX_REPS):
         t0 = time.perf_counter_ns()
         fn()
         spent += (time.perf_counter_ns() - t0) * 1e-6
         warm += 1
         if BUDGET_MS > 0 and spent > 0.25 * BUDGET_MS:
             break
-    ms = []
-    for _ in range(max(reps, 1)):
+    ms, spent = [], 0.0
+    while len(ms) < max(reps, 1) or (spent < MIN_TIME_MS and len(ms) < MAX_REPS):
         t0 = time.perf_counter_ns()
         fn()
         t1 = time.perf_counter_ns()
         ms.append((t1 - t0) * 1e-6)
-        if BUDGET_MS > 0 and sum(ms) > BUDGET_MS:
+        spent += ms[-1]
+        if BUDGET_MS > 0 and spent > BUDGET_MS:
             break
     ms.sort()
     n = len(ms)
@@ -329,12 +334,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=0.0)
+    ap.add_argument("--min-warmup-ms", type=float, default=0.0)
+    ap.add_argument("--min-time-ms", type=float, default=0.0)
     ap.add_argument("--info", action="store_true")
     ap.add_argument("--case", action="append", default=[])
     ap.add_argument("--stdin", action="store_true")
     a = ap.parse_args()
-    global BUDGET_MS
+    global BUDGET_MS, MIN_WARM_MS, MIN_TIME_MS
     BUDGET_MS = 1e3 * a.budget_s
+    MIN_WARM_MS, MIN_TIME_MS = a.min_warmup_ms, a.min_time_ms
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)
@@ -346,6 +354,7 @@ def main():
     if a.info:
         emit({"type": "info", "lib": "torch", "version": torch.__version__,
               "threads": torch.get_num_threads(), "warmup": a.warmup, "reps": a.reps,
+              "min_warmup_ms": a.min_warmup_ms, "min_time_ms": a.min_time_ms,
               "jemalloc": jemalloc_loaded(), "malloc_conf": os.environ.get("MALLOC_CONF", ""),
               "parallel": torch.__config__.parallel_info().splitlines()[-1].strip()})
     for c in a.case:

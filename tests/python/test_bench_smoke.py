@@ -270,3 +270,36 @@ def test_random_shapes_repeat_from_their_seed(tmp_path):
     assert {c["name"] for c in doc["cases"]} == {"random1", "random2"}
     for c in doc["cases"]:
         assert c["results"]["norma"]["status"] == "ok" and c["results"]["norma"]["median_ms"] > 0
+
+
+def _worker_counts(argv):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["status"] == "ok", res
+    return res["reps"], res["warmup"]
+
+
+def test_time_floors_add_runs():
+    """--min-warmup-ms / --min-time-ms: a call of microseconds runs past --warmup / --reps until
+    the floors are filled (here 50 ms: more than 2 runs unless a 2x3x4x4 call took 25 ms);
+    without them exactly --warmup and --reps runs.  The PyTorch worker behaves the same."""
+    build = _build_dir()
+    if build is None:
+        pytest.skip("norma-bench-norma is not built (cmake --build build)")
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    workers = [[os.path.join(build, WORKER)]]
+    try:
+        import torch  # noqa: F401
+        workers.append([python, os.path.join(REPO, "bench", "peer_torch.py")])
+    except ImportError:
+        pass
+    case = ["--threads", "1", "--reps", "2", "--warmup", "1", "--case", "fwd nhwc f32 2x3x4x4"]
+    for w in workers:
+        assert _worker_counts(w + case) == (2, 1)
+        reps, warm = _worker_counts(w + case + ["--min-warmup-ms", "50", "--min-time-ms", "50"])
+        assert reps > 2 and warm > 1, (w, reps, warm)
+    doc_run = _run(["--quick", "--peers", "none", "--ops", "fwd", "--layouts", "nhwc", "--shape",
+                    "2,3,4,4", "--threads", "1", "--no-files", "--min-time-ms", "5"])
+    assert doc_run.returncode == 0, doc_run.stdout + doc_run.stderr
+    assert "more runs where those take under 5 ms / 0 ms" in doc_run.stdout

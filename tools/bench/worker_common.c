@@ -283,12 +283,19 @@ static int cmp_double(const void *a, const void *b) {
    so that a pathologically slow case does not hold the benchmark for minutes.  The result
    says how many runs were made. */
 static double g_budget_ms = 0.0;
+/* Time floors (--min-warmup-ms, --min-time-ms; 0: none): warm-ups go on past --warmup runs
+   until they have taken g_min_warm_ms, timed runs past --reps until g_min_time_ms, so that a
+   call of a few microseconds is timed after the CPUs have come up to speed and over more than
+   a millisecond of runs (ten runs of 40 us, after three warm-ups, were the CPUs' ramp-up).
+   BENCH_MAX_REPS bounds either count. */
+static double g_min_warm_ms = 0.0, g_min_time_ms = 0.0;
+#define BENCH_MAX_REPS 100000
 
 int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t, char *err,
                size_t errlen) {
   double spent = 0.0;
   int warm = 0;
-  for (int i = 0; i < warmup; ++i) {
+  while (warm < warmup || (spent < g_min_warm_ms && warm < BENCH_MAX_REPS)) {
     double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
     spent += now_ms() - t0;
@@ -297,11 +304,17 @@ int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t
     if (g_budget_ms > 0.0 && spent > 0.25 * g_budget_ms) break;
   }
   if (reps < 1) reps = 1;
-  double *ms = (double *)malloc(sizeof(double) * (size_t)reps);
+  int cap = reps;
+  double *ms = (double *)malloc(sizeof(double) * (size_t)cap);
   if (!ms) return set_err(err, errlen, "out of memory");
   int done = 0;
   spent = 0.0;
-  for (int i = 0; i < reps; ++i) {
+  while (done < reps || (spent < g_min_time_ms && done < BENCH_MAX_REPS)) {
+    if (done == cap) { /* more runs than --reps, to fill the time floor */
+      double *grown = (double *)realloc(ms, sizeof(double) * (size_t)(2 * cap));
+      if (!grown) break; /* the runs so far stand */
+      ms = grown, cap *= 2;
+    }
     double t0 = now_ms();
     int rc = fn(ctx, err, errlen);
     double t1 = now_ms();
@@ -402,7 +415,7 @@ static void run_one(const bench_worker *w, const char *text, int warmup, int rep
 static void usage(FILE *f, const char *argv0) {
   fprintf(f,
           "usage: %s [--threads N] [--warmup W] [--reps R] [--budget-s S] [--max-isa ISA]\n"
-          "          [--info]\n"
+          "          [--min-warmup-ms MS] [--min-time-ms MS] [--info]\n"
           "          [--probe [--probe-mb MB] [--probe-passes P]]\n"
           "          [--case 'OP LAYOUT DTYPE DIMS [key=value]...']... [--stdin]\n"
           "A norma-bench worker: prints one JSON line per case (see tools/norma-bench).\n"
@@ -414,6 +427,8 @@ static void usage(FILE *f, const char *argv0) {
           "  --max-isa caps the library's instruction set (norma: scalar, avx2, avx512)\n"
           "  --budget-s: a case's warm-ups stop after S/4 seconds, its timed runs after S\n"
           "          (at least one of each; 0: no limit)\n"
+          "  --min-warmup-ms, --min-time-ms: warm-ups, timed runs go on past W, R runs until\n"
+          "          they have taken MS milliseconds (default 0: W and R runs)\n"
           "  --stdin reads one case per line from stdin until EOF or 'quit'.\n",
           argv0);
 }
@@ -428,7 +443,7 @@ static int parse_int(const char *s, int lo, int *out) {
 
 int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   int threads = 0, warmup = 3, reps = 10, info = 0, probe = 0, use_stdin = 0;
-  int probe_mb = 256, probe_passes = 5, budget_s = 0;
+  int probe_mb = 256, probe_passes = 5, budget_s = 0, min_warm_ms = 0, min_time_ms = 0;
   const char *max_isa = NULL;
   /* first pass: options; cases run after in order */
   for (int i = 1; i < argc; ++i) {
@@ -441,6 +456,8 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
     else if (strcmp(a, "--probe-mb") == 0) { target = &probe_mb; lo = 1; }
     else if (strcmp(a, "--probe-passes") == 0) { target = &probe_passes; lo = 1; }
     else if (strcmp(a, "--budget-s") == 0) { target = &budget_s; lo = 0; }
+    else if (strcmp(a, "--min-warmup-ms") == 0) { target = &min_warm_ms; lo = 0; }
+    else if (strcmp(a, "--min-time-ms") == 0) { target = &min_time_ms; lo = 0; }
     else if (strcmp(a, "--info") == 0) { info = 1; continue; }
     else if (strcmp(a, "--probe") == 0) { probe = 1; continue; }
     else if (strcmp(a, "--stdin") == 0) { use_stdin = 1; continue; }
@@ -472,6 +489,7 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   }
   if (threads > 0) w->set_threads(threads);
   g_budget_ms = 1e3 * budget_s;
+  g_min_warm_ms = min_warm_ms, g_min_time_ms = min_time_ms;
   if (max_isa) {
     char err[256] = "";
     if (w->set_max_isa(max_isa, err, sizeof err)) {
@@ -483,7 +501,8 @@ int bench_worker_main(int argc, char **argv, const bench_worker *w) {
   if (info) {
     printf("{\"type\":\"info\",\"lib\":");
     bench_json_string(stdout, w->lib);
-    printf(",\"threads\":%d,\"warmup\":%d,\"reps\":%d", threads, warmup, reps);
+    printf(",\"threads\":%d,\"warmup\":%d,\"reps\":%d,\"min_warmup_ms\":%d,\"min_time_ms\":%d",
+           threads, warmup, reps, min_warm_ms, min_time_ms);
     if (w->print_info) w->print_info(stdout);
     printf("}\n");
     fflush(stdout);
