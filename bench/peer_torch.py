@@ -155,7 +155,8 @@ MIN_WARM_MS, MIN_TIME_MS, MAX_REPS = 0.0, 0.0, 100000
 
 
 def timeit(fn, warmup, reps):
-    """-> min, median, max (ms), timed runs, warm-ups run."""
+    """-> min, median, max, 10th and 90th percentiles (ms, as the C workers), timed runs,
+    warm-ups run."""
     spent, warm = 0.0, 0
     while warm < warmup or (spent < MIN_WARM_MS and warm < MAX_REPS):
         t0 = time.perf_counter_ns()
@@ -176,7 +177,7 @@ def timeit(fn, warmup, reps):
     ms.sort()
     n = len(ms)
     med = ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2])
-    return ms[0], med, ms[-1], n, warm
+    return ms[0], med, ms[-1], ms[(n - 1) // 10], ms[n - 1 - (n - 1) // 10], n, warm
 
 
 def build(op, layout, dtype, shape, pdt):
@@ -314,14 +315,15 @@ def run_case(text, warmup, reps):
         except (RuntimeError, TypeError) as e:
             errors.append(str(e).splitlines()[0][:200])
             continue
-        mn, med, mx, n, warm = timeit(fn, warmup, reps)
+        mn, med, mx, p10, p90, n, warm = timeit(fn, warmup, reps)
         if dtype != "f32":
             impl += " (params %s)" % ("f32" if pdt == torch.float32 else dtype)
         if op.startswith("add_relu"):
             impl += " unfused bn+add_+relu_" if not op.endswith("bwd") else " threshold_backward+bn_bwd"
         elif op.startswith("relu"):
             impl += " unfused bn+relu_" if not op.endswith("bwd") else " threshold_backward+bn_bwd"
-        out.update(status="ok", min_ms=mn, median_ms=med, max_ms=mx, reps=n, warmup=warm,
+        out.update(status="ok", min_ms=mn, median_ms=med, max_ms=mx, p10_ms=p10,
+                   p90_ms=p90, reps=n, warmup=warm,
                    impl=impl)
         return out
     out.update(status="n/a", reason="PyTorch rejects this case: " + " | ".join(errors))

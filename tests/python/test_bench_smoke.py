@@ -277,6 +277,10 @@ def _worker_counts(argv):
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["status"] == "ok", res
+    # the percentiles lie between min and max; with 10 runs or fewer they are min and max
+    assert res["min_ms"] <= res["p10_ms"] <= res["median_ms"] <= res["p90_ms"] <= res["max_ms"]
+    if res["reps"] <= 10:
+        assert (res["p10_ms"], res["p90_ms"]) == (res["min_ms"], res["max_ms"]), res
     return res["reps"], res["warmup"]
 
 

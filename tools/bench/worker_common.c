@@ -330,6 +330,8 @@ int bench_time(bench_run_fn fn, void *ctx, int warmup, int reps, bench_timing *t
   t->min_ms = ms[0];
   t->max_ms = ms[done - 1];
   t->median_ms = (done % 2) ? ms[done / 2] : 0.5 * (ms[done / 2 - 1] + ms[done / 2]);
+  t->p10_ms = ms[(done - 1) / 10];
+  t->p90_ms = ms[done - 1 - (done - 1) / 10];
   t->reps = done;
   t->warmup = warm;
   free(ms);
@@ -396,8 +398,8 @@ static void run_one(const bench_worker *w, const char *text, int warmup, int rep
   print_case_head(stdout, w->lib, &k);
   if (st == BENCH_OK) {
     printf(",\"status\":\"ok\",\"min_ms\":%.6f,\"median_ms\":%.6f,\"max_ms\":%.6f,"
-           "\"reps\":%d,\"warmup\":%d,\"impl\":",
-           t.min_ms, t.median_ms, t.max_ms, t.reps, t.warmup);
+           "\"p10_ms\":%.6f,\"p90_ms\":%.6f,\"reps\":%d,\"warmup\":%d,\"impl\":",
+           t.min_ms, t.median_ms, t.max_ms, t.p10_ms, t.p90_ms, t.reps, t.warmup);
     bench_json_string(stdout, impl);
     fputs(extra, stdout);
   } else {

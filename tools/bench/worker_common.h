@@ -72,9 +72,12 @@ static inline const char *bench_dtype_name(bench_dtype t) {
   return t == BENCH_F32 ? "f32" : t == BENCH_BF16 ? "bf16" : "f16";
 }
 
-/* Timing result of one case. */
+/* Timing result of one case: the timed runs' min, median, max and their 10th / 90th
+   percentiles (nearest rank: sorted index floor / ceil of 0.1 / 0.9 x (runs - 1); min and max
+   for 10 runs or fewer), whose ratio judges the spread of many runs of a short call, where
+   one interrupt sets the max. */
 typedef struct bench_timing {
-  double min_ms, median_ms, max_ms;
+  double min_ms, median_ms, max_ms, p10_ms, p90_ms;
   int reps, warmup;
 } bench_timing;
 
