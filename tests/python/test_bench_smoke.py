@@ -307,3 +307,36 @@ def test_time_floors_add_runs():
                     "2,3,4,4", "--threads", "1", "--no-files", "--min-time-ms", "5"])
     assert doc_run.returncode == 0, doc_run.stdout + doc_run.stderr
     assert "more runs where those take under 5 ms / 0 ms" in doc_run.stdout
+
+
+def test_rounds_keep_the_median_round(tmp_path):
+    """--rounds 3: every case runs three times per library; the result kept is the round whose
+    median is the middle one of the three, which 'round_medians' lists."""
+    js = tmp_path / "r.json"
+    r = _run(["--quick", "--rounds", "3", "--peers", "none", "--ops", "fwd", "--layouts",
+              "nhwc", "--shape", "2,3,4,4", "--threads", "1", "--no-files", "--json", str(js)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(js.read_text())
+    assert doc["rounds"] == 3
+    res = doc["cases"][0]["results"]["norma"]
+    assert res["rounds"] == 3 and len(res["round_medians"]) == 3
+    assert res["median_ms"] == sorted(res["round_medians"])[1]
+    assert "of 3 rounds" in r.stdout
+
+
+def test_pick_round():
+    """pick_round on made-up rounds: the middle median (the lower middle of an even count);
+    a failed round stands for the case."""
+    import importlib.machinery
+    import types
+    loader = importlib.machinery.SourceFileLoader("norma_bench_tool", BENCH)
+    mod = types.ModuleType(loader.name)
+    mod.__file__ = BENCH
+    loader.exec_module(mod)
+    ok = lambda m: {"status": "ok", "median_ms": m, "min_ms": m / 2}
+    r = mod.pick_round([ok(3.0), ok(1.0), ok(2.0)])
+    assert r["median_ms"] == 2.0 and r["min_ms"] == 1.0 and r["round_medians"] == [3.0, 1.0, 2.0]
+    assert mod.pick_round([ok(4.0), ok(1.0), ok(3.0), ok(2.0)])["median_ms"] == 2.0
+    assert mod.pick_round([ok(5.0)]) == ok(5.0)
+    bad = {"status": "n/a", "reason": "x"}
+    assert mod.pick_round([ok(1.0), bad]) == bad
