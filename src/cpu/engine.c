@@ -1630,11 +1630,13 @@ void norm_plan_job(norm_job *jb) {
     if (!jb->fused) jb->unit = g->c;
   }
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
-     whole lines: long channels-first runs, or whole rows (of whole lines, or long) in
-     channels-last */
+     whole lines: long channels-first runs, a forward's short channels-first runs of at least
+     a vector that a kernel call sweeps as one stream (cf_sweep; fwd_runs_stream in
+     ukernels_vec.inc), or whole rows (of whole lines, or long) in channels-last */
   const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c) &&
                                               norm_nt_runs(g->c * (int64_t)g->esize)
-                                        : g->s * (int64_t)g->esize >= 2048;
+                                        : g->s * (int64_t)g->esize >= 2048 ||
+                                              (cf_sweep(jb) && !jb->dy && g->s >= 16);
   jb->store =
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */
