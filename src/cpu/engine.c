@@ -1609,6 +1609,11 @@ static int rows_no_prefetch(const norm_job *jb, int64_t bytes) {
          (jb->dy && g->c <= 128 && far512);                           /* backward */
 }
 
+/* Whether short channels-first runs may stream their output, as one stream a sample
+   (fwd_runs_stream, bwd_runs_stream; norm_bn_nt_store decides whether they do): runs of at
+   least a vector that a call sweeps (cf_sweep) */
+static int cf_stream(const norm_job *jb) { return cf_sweep(jb) && jb->g->s >= 16; }
+
 void norm_plan_job(norm_job *jb) {
   const norm_geom *g = jb->g;
   jb->rows_form = g->layout == NORMA_CHANNELS_LAST;
@@ -1630,13 +1635,12 @@ void norm_plan_job(norm_job *jb) {
     if (!jb->fused) jb->unit = g->c;
   }
   /* Streaming stores pay off for outputs that leave the cache anyway, and only when they fill
-     whole lines: long channels-first runs, a forward's short channels-first runs of at least
-     a vector that a kernel call sweeps as one stream (cf_sweep; fwd_runs_stream in
+     whole lines: long channels-first runs, short channels-first runs of at least a vector
+     that a kernel call sweeps as one stream (cf_sweep; fwd_runs_stream, bwd_runs_stream in
      ukernels_vec.inc), or whole rows (of whole lines, or long) in channels-last */
-  const int whole_lines = jb->rows_form ? (!jb->fused || jb->unit == g->c) &&
-                                              norm_nt_runs(g->c * (int64_t)g->esize)
-                                        : g->s * (int64_t)g->esize >= 2048 ||
-                                              (cf_sweep(jb) && !jb->dy && g->s >= 16);
+  const int whole_lines =
+      jb->rows_form ? (!jb->fused || jb->unit == g->c) && norm_nt_runs(g->c * (int64_t)g->esize)
+                    : g->s * (int64_t)g->esize >= NORM_NT_SHORT_CF_RUN || cf_stream(jb);
   jb->store =
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */

@@ -203,6 +203,16 @@ int64_t norm_unit_budget(void);
    8x1536x18x18 1.39x, 8x1152x14x25 1.03x; below 20 MiB, 24x2048x7x7 (19.3 MB) 0.79x, and
    8x4096x9x9 (21.2 MB) 0.84x. */
 #define NORM_NT_FOOTPRINT_WIDE_INFER ((int64_t)20 << 20)
+/* The backward of channels-first runs shorter than this many bytes (streamed a sample at a
+   time as one stream: bwd_runs_stream in ukernels_vec.inc) keeps NORM_NT_FOOTPRINT: at
+   NORM_NT_FOOTPRINT_TRAIN it would stream tensors from 5.3 MiB.  Measured (Zen 5, 2 threads,
+   f32, pair.py --twice, 6 rounds, streamed against through the cache): backward NCHW
+   32x1024x14x14 1.22x, 64x2048x7x7 1.25x, 16x1280x16x16 1.33x, 32x512x14x14 (12.8 MB) 1.22x,
+   32x2048x7x7 1.34x, add + ReLU 32x1024x14x14 1.27x, but 32x256x14x14 and 64x512x7x7
+   (6.4 MB) 0.87x and 0.97x; the forward (NORM_NT_FOOTPRINT already) 32x1024x14x14 1.09x,
+   64x2048x7x7 1.35x, inference 1.20x and 1.39x, 16x1280x16x16 1.45x; bf16 even (inference
+   64x1024x14x14 1.00x, backward 0.98x). */
+#define NORM_NT_SHORT_CF_RUN 2048
 int norm_nt_store(int64_t bytes, int64_t footprint, int64_t floor);
 /* what a BatchNorm call (or a per-sample norm through the engine) computes, for its stores */
 typedef enum { NORM_NT_INFER, NORM_NT_TRAIN_FWD, NORM_NT_BWD } norm_nt_kind;
@@ -224,8 +234,10 @@ static inline int norm_bn_nt_store(const norm_geom *g, norm_nt_kind kind) {
                                    : 2 + (g->act == BN_ACT_ADD_RELU);
   const int wide =
       g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
+  const int short_cf =
+      g->layout == NORMA_CHANNELS_FIRST && g->s * (int64_t)g->esize < NORM_NT_SHORT_CF_RUN;
   int64_t floor = NORM_NT_FOOTPRINT;
-  if (!g->per_sample && (backward || wide))
+  if (!g->per_sample && (backward || wide) && !short_cf)
     floor = backward || kind == NORM_NT_TRAIN_FWD ? NORM_NT_FOOTPRINT_TRAIN
                                                   : NORM_NT_FOOTPRINT_WIDE_INFER;
   return norm_nt_store(bytes, tensors * bytes, floor);
