@@ -467,8 +467,9 @@ int main(void) {
                                          in blocks of whole groups */
                                       {2, 999, 100}, {4, 1004, 40}, {3, 1000, 11},
                                       /* channels-first runs of a vector or more, under 2 KiB:
-                                         the forward's one stream over a sample's channels,
-                                         vectors across two channels at every phase */
+                                         the forward's and the backward's one stream over a
+                                         sample's channels, vectors across two channels at
+                                         every phase */
                                       {3, 37, 19}, {2, 45, 33}, {2, 9, 255}};
     TU_CHECK(norma_set_streaming_stores(1, INT64_MAX) == NORMA_OK, "set_streaming_stores");
     for (size_t i = 0; i < sizeof nt_shapes / sizeof nt_shapes[0]; i++)
