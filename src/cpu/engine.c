@@ -228,19 +228,9 @@ static int64_t cf_spr_sums(const norm_job *jb) {
   if (v > 2 && jb->g->s * (int64_t)jb->g->esize >= 512 && cf_split_streams(jb)) return 2;
   return v;
 }
-/* Channels-first runs shorter than this many bytes are applied (and a single sample's backward
-   sums taken) a sample at a time, one kernel call sweeping its consecutive channels
-   (BN_RUN_CHANS) in memory order: a call per (sample, channel) cost more than the run itself
-   on 4x4 and 7x7 layers (measured: inference 8x960x4x4 at half PyTorch's speed), and a tenth
-   of runs of up to 2 KiB in the caches.  Alternating call by call in one process (Zen 5, 2
-   threads, f32, medians of 101, a sweep below 2048 bytes against 512; two runs each):
-   inference 32x256x14x14 1.25x / 1.28x, 128x64x12x12 1.26x / 1.25x, training forward 1.08x /
-   1.08x and 1.07x / 1.08x, backward 1.11x / 1.10x and 1.05x / 1.05x; beyond the caches even
-   (32x1024x14x14 0.97-1.01x, 16x1280x16x16 0.96-1.00x, 64x512x13x13 0.99-1.05x).  Longer runs
-   gained nothing (a sweep below 16 KiB: 32x128x28x28 0.97-1.01x). */
-#define CF_SWEEP_BELOW 2048
+/* channels-first runs applied a sample at a time (NORM_CF_SWEEP_BELOW, engine.h) */
 static int cf_sweep(const norm_job *jb) {
-  return cf_chunks(jb) == 1 && jb->g->s * (int64_t)jb->g->esize < CF_SWEEP_BELOW;
+  return cf_chunks(jb) == 1 && jb->g->s * (int64_t)jb->g->esize < NORM_CF_SWEEP_BELOW;
 }
 
 /* Channels-first statistics of short runs (a segment of several samples in one call) go
@@ -1640,7 +1630,7 @@ void norm_plan_job(norm_job *jb) {
      ukernels_vec.inc), or whole rows (of whole lines, or long) in channels-last */
   const int whole_lines =
       jb->rows_form ? (!jb->fused || jb->unit == g->c) && norm_nt_runs(g->c * (int64_t)g->esize)
-                    : g->s * (int64_t)g->esize >= NORM_NT_SHORT_CF_RUN || cf_stream(jb);
+                    : g->s * (int64_t)g->esize >= 2048 || cf_stream(jb);
   jb->store =
       whole_lines && norm_bn_nt_store(g, norm_nt_kind_of(jb)) ? BN_STORE_NT : 0;
   /* the rows kernels prefetch only where the tensor is beyond the caches (BN_PF_AHEAD) */

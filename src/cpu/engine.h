@@ -203,8 +203,20 @@ int64_t norm_unit_budget(void);
    8x1536x18x18 1.39x, 8x1152x14x25 1.03x; below 20 MiB, 24x2048x7x7 (19.3 MB) 0.79x, and
    8x4096x9x9 (21.2 MB) 0.84x. */
 #define NORM_NT_FOOTPRINT_WIDE_INFER ((int64_t)20 << 20)
-/* The backward of channels-first runs shorter than this many bytes (streamed a sample at a
-   time as one stream: bwd_runs_stream in ukernels_vec.inc) keeps NORM_NT_FOOTPRINT: at
+/* Channels-first runs shorter than this many bytes are applied (and a single sample's backward
+   sums taken) a sample at a time, one kernel call sweeping its consecutive channels
+   (BN_RUN_CHANS) in memory order (cf_sweep in engine.c): a call per (sample, channel) cost
+   more than the run itself on 4x4 and 7x7 layers (measured: inference 8x960x4x4 at half
+   PyTorch's speed), and a tenth of runs of up to 2 KiB in the caches.  Alternating call by
+   call in one process (Zen 5, 2 threads, f32, medians of 101, a sweep below 2048 bytes
+   against 512; two runs each):
+   inference 32x256x14x14 1.25x / 1.28x, 128x64x12x12 1.26x / 1.25x, training forward 1.08x /
+   1.08x and 1.07x / 1.08x, backward 1.11x / 1.10x and 1.05x / 1.05x; beyond the caches even
+   (32x1024x14x14 0.97-1.01x, 16x1280x16x16 0.96-1.00x, 64x512x13x13 0.99-1.05x).  Longer runs
+   gained nothing (a sweep below 16 KiB: 32x128x28x28 0.97-1.01x). */
+#define NORM_CF_SWEEP_BELOW 2048
+/* The backward of channels-first runs shorter than NORM_CF_SWEEP_BELOW (streamed a sample
+   at a time as one stream: bwd_runs_stream in ukernels_vec.inc) keeps NORM_NT_FOOTPRINT: at
    NORM_NT_FOOTPRINT_TRAIN it would stream tensors from 5.3 MiB.  Measured (Zen 5, 2 threads,
    f32, pair.py --twice, 6 rounds, streamed against through the cache): backward NCHW
    32x1024x14x14 1.22x, 64x2048x7x7 1.25x, 16x1280x16x16 1.33x, 32x512x14x14 (12.8 MB) 1.22x,
@@ -212,7 +224,6 @@ int64_t norm_unit_budget(void);
    (6.4 MB) 0.87x and 0.97x; the forward (NORM_NT_FOOTPRINT already) 32x1024x14x14 1.09x,
    64x2048x7x7 1.35x, inference 1.20x and 1.39x, 16x1280x16x16 1.45x; bf16 even (inference
    64x1024x14x14 1.00x, backward 0.98x). */
-#define NORM_NT_SHORT_CF_RUN 2048
 int norm_nt_store(int64_t bytes, int64_t footprint, int64_t floor);
 /* what a BatchNorm call (or a per-sample norm through the engine) computes, for its stores */
 typedef enum { NORM_NT_INFER, NORM_NT_TRAIN_FWD, NORM_NT_BWD } norm_nt_kind;
@@ -235,7 +246,7 @@ static inline int norm_bn_nt_store(const norm_geom *g, norm_nt_kind kind) {
   const int wide =
       g->layout == NORMA_CHANNELS_LAST && g->c * (int64_t)g->esize >= NORM_NT_WIDE_ROW;
   const int short_cf =
-      g->layout == NORMA_CHANNELS_FIRST && g->s * (int64_t)g->esize < NORM_NT_SHORT_CF_RUN;
+      g->layout == NORMA_CHANNELS_FIRST && g->s * (int64_t)g->esize < NORM_CF_SWEEP_BELOW;
   int64_t floor = NORM_NT_FOOTPRINT;
   if (!g->per_sample && (backward || wide) && !short_cf)
     floor = backward || kind == NORM_NT_TRAIN_FWD ? NORM_NT_FOOTPRINT_TRAIN
