@@ -32,17 +32,17 @@ static int fwd_consts_block(norm_unit *u, int64_t b0, int64_t nb, const double *
 }
 
 /* finalize_training when the constants and parameters are float (f32 / f16 / bf16 storage):
-   the same arithmetic as the general loop below, in blocks of channels: loops without calls
-   or branches (vectorized) and the ISA's double-precision helpers (ukernels.h) for 1 / sqrt
-   and the constants.  On [N, C] and 7x7 layers the per-channel finalize was a third of the
-   call. */
+   the same arithmetic as the general loop below, in blocks of channels, by the ISA's
+   fwd_final (chan_vec.inc): one vectorized loop a block, without calls or branches.  On
+   [N, C] and 7x7 layers the per-channel finalize was a third of the call.  Outputs a call
+   does not want go to scratch and missing parameters read as ones and zeros, so that the one
+   loop serves every call.  The constants' doubles are written for every channel: where one
+   channel is slow, the whole unit is applied in double (unit_apply_slow). */
 static void finalize_training_f32(norm_job *jb, norm_unit *u) {
   const norm_fwd_args *a = jb->ctx;
   const norm_geom *g = jb->g;
   const norm_chan_ops *chan = norm_chan();
-  const double m = (double)g->m, eps = g->eps;
-  const int64_t nc = u->nc, j0 = u->j0, ts = u->ts;
-  const double *t1p = u->tot, *t2p = u->tot + ts, *kp = u->tot + 2 * ts;
+  const int64_t nc = u->nc, j0 = u->j0, ts = u->ts, cs = u->cs;
   const float *gam = a->gamma ? (const float *)a->gamma + j0 : NULL;
   const float *bet = a->beta ? (const float *)a->beta + j0 : NULL;
   float *sm = a->save_mean ? (float *)a->save_mean + j0 : NULL;
@@ -51,21 +51,28 @@ static void finalize_training_f32(norm_job *jb, norm_unit *u) {
   float *rv = a->running_var ? (float *)a->running_var + j0 : NULL;
   if (!a->run) rm = rv = NULL;
   if (jb->quiet) sm = si = rm = rv = NULL; /* another thread writes them */
-  const double wo = rm || rv ? a->run->w_old : 0.0, wn = rm || rv ? a->run->w_new : 0.0;
-  const int biased = rm || rv ? a->run->biased : 1;
+  float *c = (float *)u->cst;
   int slow = 0;
   enum { FB = 128 };
-  double mean_b[FB], mlo_b[FB], var_b[FB], is_b[FB], sc_b[FB], b_b[FB];
+  float ones[FB], zeros[FB], s_mean[FB], s_is[FB], s_rm[FB], s_rv[FB];
+  if (!gam)
+    for (int k = 0; k < FB; k++) ones[k] = 1.0f;
+  if (!bet)
+    for (int k = 0; k < FB; k++) zeros[k] = 0.0f;
+  norm_fwd_final f = {.m = (double)g->m, .eps = g->eps, .w_old = rm || rv ? a->run->w_old : 0.0,
+                      .w_new = rm || rv ? a->run->w_new : 0.0,
+                      .biased = rm || rv ? a->run->biased : 1};
   for (int64_t b0 = 0; b0 < nc; b0 += FB) {
     const int64_t nb = nc - b0 < FB ? nc - b0 : FB;
-    /* the statistics of a block of channels, and norm_invstd of their variance */
-    chan->fwd_stats(t1p + b0, t2p + b0, kp + b0, m, eps, mean_b, mlo_b, var_b, is_b, nb);
-    /* the scale and shift's inputs, the saved and running statistics */
-    const norm_fwd_tail ft = {mean_b, var_b, is_b, gam ? gam + b0 : NULL, bet ? bet + b0 : NULL,
-                              sc_b, b_b, sm ? sm + b0 : NULL, si ? si + b0 : NULL,
-                              rm ? rm + b0 : NULL, rv ? rv + b0 : NULL, wo, wn, m, biased};
-    chan->fwd_tail(&ft, nb);
-    slow |= fwd_consts_block(u, b0, nb, mean_b, mlo_b, sc_b, b_b);
+    f.t1 = u->tot + b0, f.t2 = u->tot + ts + b0, f.k = u->tot + 2 * ts + b0;
+    f.gamma = gam ? gam + b0 : ones, f.beta = bet ? bet + b0 : zeros;
+    f.save_mean = sm ? sm + b0 : s_mean, f.save_invstd = si ? si + b0 : s_is;
+    if (!rm) memset(s_rm, 0, sizeof s_rm);
+    if (!rv) memset(s_rv, 0, sizeof s_rv);
+    f.run_mean = rm ? rm + b0 : s_rm, f.run_var = rv ? rv + b0 : s_rv;
+    f.cm = c + C_MHI * cs + b0, f.csc = c + C_SCALE * cs + b0, f.csh = c + C_SHIFT * cs + b0;
+    f.dm = u->dcst + b0, f.dsc = u->dcst + ts + b0, f.dsh = u->dcst + 2 * ts + b0;
+    slow |= chan->fwd_final(&f, nb);
   }
   if (slow) u->slow = 1;
 }

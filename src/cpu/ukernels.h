@@ -279,22 +279,23 @@ int norm_fwd_consts_scalar(const norm_fwd_block *b, int64_t i, int64_t n);
 /* The per-channel arithmetic between a reduction and its apply, for float constants
    (chan_vec.inc has each function's meaning), one copy per ISA: norm_chan() returns the
    widest copy the current ISA runs.  Every copy gives the bits of the scalar one. */
-/* the arguments of norm_chan_ops.fwd_tail: inputs mean, var, is (n doubles) and gamma, beta
-   (floats or NULL); outputs scale, beta_d (n doubles) and the floats save_mean, save_invstd,
-   run_mean, run_var (each NULL when not wanted; run_* updated with w_old, w_new, and the
-   variance made unbiased over m values unless biased) */
-typedef struct norm_fwd_tail {
-  const double *mean, *var, *is;
+/* the arguments of norm_chan_ops.fwd_final (chan_vec.inc): the statistics t1, t2, k of m values
+   per channel; gamma, beta (ones and zeros where the layer has none); the outputs save_mean,
+   save_invstd, run_mean and run_var (updated with w_old, w_new; the variance unbiased unless
+   biased): scratch where not wanted, the running statistics' zeroed; the kernels' constants
+   cm, csc, csh and their doubles dm, dsc, dsh.  Every pointer valid: the loop has no branch */
+typedef struct norm_fwd_final {
+  const double *t1, *t2, *k;
+  double m, eps, w_old, w_new;
   const float *gamma, *beta;
-  double *scale, *beta_d;
   float *save_mean, *save_invstd, *run_mean, *run_var;
-  double w_old, w_new, m;
+  float *cm, *csc, *csh;
+  double *dm, *dsc, *dsh;
   int biased;
-} norm_fwd_tail;
+} norm_fwd_final;
 
 typedef struct norm_chan_ops {
-  void (*fwd_stats)(const double *t1, const double *t2, const double *k, double m, double eps,
-                    double *mean, double *mlo, double *var, double *is, int64_t n);
+  int (*fwd_final)(const norm_fwd_final *f, int64_t n);
   void (*xhat_consts)(const double *mean, const double *is, float *ca, float *cb, float *cc,
                       int64_t n);
   void (*bwd_consts)(const double *t1, const double *t2, const double *t3, const double *kk,
@@ -308,7 +309,6 @@ typedef struct norm_chan_ops {
                        double *t3, double cnt, int64_t n);
   void (*absorb)(int stats, double *t1, double *t2, double *t3, const double *s1,
                  const double *s2, const double *s3, double cnt, int64_t n);
-  void (*fwd_tail)(const norm_fwd_tail *t, int64_t n);
   void (*infer_prep)(const float *mean, const float *var, const float *gamma, const float *beta,
                      double eps, double *m_out, double *sc_out, double *b_out, int64_t n);
   void (*row_partials)(double *pg, double *pb, const float *ag, const float *ab, int first,
