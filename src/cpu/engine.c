@@ -742,14 +742,14 @@ static int64_t split_cblock(const norm_job *jb, const norm_unit *u) {
   return w < c ? w : c;
 }
 
-/* rows form: the unit's totals (every channel, ts = c) from the partials of its nseg row
-   segments, in segment order */
+/* rows form: the unit's totals (its channels: all of them, or a view's) from the partials of
+   its nseg row segments, in segment order */
 static void combine_row_segments(const norm_job *jb, norm_unit *u, const double *part,
                                  int64_t nseg) {
   const int64_t c = jb->g->c, rows = urows(jb, u), len = seg_len(jb, rows);
   for (int64_t seg = 0; seg < nseg; seg++) {
     const int64_t n = rows - seg * len < len ? rows - seg * len : len;
-    absorb_all(jb, u->tot, c, c, seg == 0, &part[seg * 3 * c], c, (double)n);
+    absorb_all(jb, u->tot, u->ts, u->nc, seg == 0, &part[seg * 3 * c + u->j0], c, (double)n);
   }
 }
 
@@ -1061,15 +1061,32 @@ static void run_split(norm_job *jb, norm_unit *u, double *part, float *rep) {
 /* The split schedule of BatchNorm in rows form in one parallel region, for tensors in the
    caches.  Between the reduction and the apply, run_split combines the segments and finalizes
    on one thread between two regions: the other thread waits, and the per-channel arrays it
-   read in the last call (constants, partials) cross between the cores' caches.  Here every
-   thread combines the partials and finalizes all channels into its own unit arrays after one
-   barrier (the same operations in the same order, so the same bits), and only thread 0 writes
-   the op's outputs (jb->quiet for the others).  Measured (Zen 5, 2 threads, f32): the serial
-   part of a 16x576x5x5 backward took 13 us at 2 threads against 6 us at 1, in a 58 us call. */
+   read in the last call (constants, partials) cross between the cores' caches.  Here, after a
+   barrier, each thread combines the partials and finalizes its own share of the channels into
+   one set of unit arrays (thread 0's), writing those channels' outputs; after a second
+   barrier every thread applies its rows with those arrays.  The same operations per channel
+   in the same order, so the same bits.  Measured (Zen 5, 2 threads, f32): the serial part of
+   a 16x576x5x5 backward took 13 us at 2 threads against 6 us at 1, in a 58 us call; until
+   the forty-third session every thread finalized all channels after one barrier, which with
+   few rows of many channels cost what the rest of the call did (NHWC 1x768x4x4 forward: a
+   division, a square root and another division in double per channel, 2 ns a channel). */
 static int split_one_region(const norm_job *jb) {
   const norm_geom *g = jb->g;
   return jb->nt > 1 && jb->rows_form && !g->per_sample && jb->nsums && jb->apply &&
          !jb->want_per_nc && g->total * (int64_t)g->esize <= NORM_CACHED_BYTES;
+}
+
+/* the view of channels [c0, c1) of unit w's arrays: the same planes and strides, from c0 (the
+   forward's dcst holds doubles, the backward's its rho and c in the compute type) */
+static void unit_view(const norm_job *jb, const norm_unit *w, int64_t c0, int64_t c1,
+                      norm_unit *v) {
+  const size_t cb = jb->cbytes, db = jb->nsums == SUMS_BWD ? cb : sizeof(double);
+  *v = *w;
+  v->j0 = w->j0 + c0, v->nc = c1 - c0;
+  v->tot = w->tot + c0;
+  v->cst = (char *)w->cst + (size_t)c0 * cb;
+  v->kst = (char *)w->kst + (size_t)c0 * cb;
+  v->dcst = (double *)(void *)((char *)w->dcst + (size_t)c0 * db);
 }
 
 /* Whether an output begins just past the end of an input (within NORM_ADJACENT_BYTES).  The
@@ -1114,24 +1131,53 @@ static void run_split_region(norm_job *jb, const norm_unit *whole, double *part,
   norm_shares app = {.n = rows, .grain = apply_grain(jb), .mirror = mirror, .own_rev = 1,
                      .back = !walk};
   if (norm_shares_begin(&sums, jb->nt, 2)) app.ctr = sums.ctr, app.gen = sums.gen + 1;
+  /* each thread finalizes its share of the channels; not in the wide view (op_bn.c), whose
+     finalize merges each channel's columns from across the rows: there every thread
+     finalizes them all into its own arrays, and thread 0 writes the outputs */
+  const int share = !jb->split;
+  int any_slow = 0; /* a channel's constants overflow the compute type */
 #pragma omp parallel num_threads(jb->nt)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     norm_job jt = *jb;
-    jt.quiet = t > 0;
-    norm_unit u = *whole;
-    unit_arrays(&jt, &u, umem + (size_t)t * ub, c);
-    if (jt.prepare) jt.prepare(&jt, &u);
-    if (jt.dy) lower_x(&jt, &u);
-    split_arg sa = {part, &u, nseg, cb, walk};
+    /* the arrays the apply reads (thread 0's when shared), and the backward's x_hat constants
+       for the sums (each thread's own) */
+    norm_unit u = *whole, own;
+    unit_arrays(&jt, &u, umem + (share ? 0 : (size_t)t * ub), c);
+    own = u;
+    if (share && jt.dy && t > 0) unit_arrays(&jt, &own, umem + (size_t)t * ub, c);
+    if (jt.prepare) jt.prepare(&jt, &own);
+    if (jt.dy) lower_x(&jt, &own);
+    split_arg sa = {part, &own, nseg, cb, walk};
     norm_shares ms = sums, ma = app;
     ms.nt = ma.nt = (int)nt;
     norm_shares_run(&ms, (int)t, split_sums_rows, &jt, &sa);
 #pragma omp barrier
-    combine_row_segments(&jt, &u, part, nseg);
-    if (jt.nsums == SUMS_BWD) convert_sums(&jt, &u, (double)((u.i1 - u.i0) * g->s));
-    jt.finalize(&jt, &u);
-    if (jt.dy) lower_bwd(&jt, &u);
+    /* this thread's channels [c0, c1) (whole vectors of them), or all of them */
+    int64_t c0 = share ? (c * t / nt + 15) / 16 * 16 : 0;
+    int64_t c1 = share ? (c * (t + 1) / nt + 15) / 16 * 16 : c;
+    c0 = c0 < c ? c0 : c, c1 = c1 < c ? c1 : c;
+    jt.quiet = !share && t > 0;
+    norm_unit v;
+    unit_view(&jt, &u, c0, c1, &v);
+    if (v.nc > 0) {
+      combine_row_segments(&jt, &v, part, nseg);
+      if (jt.nsums == SUMS_BWD) convert_sums(&jt, &v, (double)((v.i1 - v.i0) * g->s));
+      jt.finalize(&jt, &v);
+      if (jt.dy) lower_bwd(&jt, &v);
+    }
+    if (share) {
+      if (v.slow) {
+#pragma omp atomic write
+        any_slow = 1;
+      }
+#pragma omp barrier
+#pragma omp atomic read
+      u.slow = any_slow;
+    } else {
+      u.slow = v.slow;
+    }
+    sa.u = &u;
     if (jt.srk && (!u.slow || jt.dy))
       super_rows_consts(&jt, &u, (float *)(rmem + (size_t)t * super_rows_bytes(&jt)));
     if (u.slow && !jt.dy) {
@@ -1250,11 +1296,13 @@ static int cf_split_streams(const norm_job *jb) {
    320: 0.0514 / 0.0562), nor beyond the budget (1x768x10x18, units of 384: 0.0334 / 0.0556).
    Both schedules give the same bits.
    The training forward of at most NORM_FEW_ROWS rows takes a unit per thread too (and the
-   backward's units are not refused for their short pieces, plan_bn): the split schedule has every
-   thread combine and finalize all channels after its barrier (a division and a square root in
-   double per channel), which with few rows outweighs the rows' own work (1x1536x5x5, one thread:
-   fwd_stats, fwd_tail and norm_fwd_consts 30 % of the call).  Measured (Zen 5, 2 threads, f32,
-   pair.py, 6-8 rounds, a unit per thread against the split schedule): NHWC 1x1536x5x5 1.58x,
+   backward's units are not refused for their short pieces, plan_bn): the split schedule had
+   every thread combine and finalize all channels after its barrier (a division and a square
+   root in double per channel; since the forty-third session each thread finalizes its share,
+   run_split_region), which with few rows outweighs the rows' own work (1x1536x5x5, one
+   thread: fwd_stats, fwd_tail and norm_fwd_consts, now fwd_final, 30 % of the call).
+   Measured (Zen 5, 2 threads, f32, pair.py, 6-8 rounds, a unit per thread against the split
+   schedule of then): NHWC 1x1536x5x5 1.58x,
    1x2048x5x5 1.94x, 1x1536x7x7 1.46x, 1x2048x7x7 1.29x, 1x1152x7x7 1.22x, 1x1088x7x7 1.12x,
    2x1536x7x7 1.10x, 1x1536x10x10 1.12x, [32, 2048] 1.64x, [64, 2048] 1.47x, [64, 1536] 1.29x,
    [128, 1536] 1.14x; at 196 rows it lost (4x1152x7x7 0.84x).  Not for f32 rows a multiple of
