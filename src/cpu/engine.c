@@ -1499,6 +1499,20 @@ static int forced_schedule(void) {
 #define NORM_PAR_INFER ((int64_t)49152)
 #define NORM_PAR_ROWS_BWD ((int64_t)32768)
 #define NORM_PAR_ROWS_FWD ((int64_t)36864)
+/* A channel of those counts as NORM_PAR_ROWS_*_CHANNEL values (not in the wide view of short
+   rows): its finalize (a division, a square root and more in double; the backward's x_hat
+   constants too) costs 2-5 ns on one thread, against 0.1-0.2 ns a value, and where rows are
+   few and channels many it is most of the call.  Until the forty-third session values alone
+   counted.  Measured then (Zen 5, f32, pair.py --twice, two threads against one, 6 rounds):
+   forward NHWC 1x1344x4x4 1.39x, 1x2048x3x3 1.69x, 1x1536x3x3 1.34x, 1x1152x4x4 1.13x,
+   [16, 2048] 1.55x, but 1x1024x4x4 0.99x, 1x896x5x5 0.96x, [24, 1000] 0.95x, 1x768x4x4
+   0.82x, 2x640x4x4 0.82x, 1x512x5x5 0.71x; backward 1x1344x4x4 1.44x, 1x2048x3x3 1.72x,
+   1x1152x4x4 1.45x, 2x1024x3x3 1.36x, 1x896x4x4 1.27x, [24, 1000] 1.22x, [16, 1024] 1.15x,
+   1x768x4x4 1.15x (0.88-1.56), but 1x512x5x5 0.62x.  In slower phases of the machine two
+   threads lost up to 2.5x on 14-25K values (2x768x4x4, 4x384x3x3), so the thresholds stay
+   where the gain is large. */
+#define NORM_PAR_ROWS_FWD_CHANNEL 16
+#define NORM_PAR_ROWS_BWD_CHANNEL 24
 /* Channels-first training with short runs costs per run and per channel more than its values
    say: a one-thread fit over 20 shapes of 8K-66K values with runs of 4-49 (Zen 5, f32, in
    the caches) gave 0.087 ns a value, 7.5 ns a channel and 5.1 ns a run for the backward, and
@@ -1548,6 +1562,8 @@ static int bn_threads(const norm_job *jb) {
     if (backward && g->esize == 4 && whole_lines) need = NORM_PAR_TRAIN;
   } else {
     need = backward ? NORM_PAR_ROWS_BWD : NORM_PAR_ROWS_FWD;
+    if (!jb->split)
+      work += (backward ? NORM_PAR_ROWS_BWD_CHANNEL : NORM_PAR_ROWS_FWD_CHANNEL) * g->c;
   }
   return work < need ? 1 : norma__threads();
 }
