@@ -316,8 +316,7 @@ static void seg_sums_rows(const norm_job *jb, const norm_unit *u, int64_t r0, in
       jb->uk->bwd_sums_rows(tptr(jb, jb->x, e), tptr(jb, jb->y, e), tptr(jb, jb->dy, e), r1 - r0,
                             g->c, ncc, cst_at(jb, u, ja - u->j0), u->cs,
                             jb->act | jb->pf | jb->seq, blk[0], blk[1], blk[2]);
-      for (int k = 0; k < 3; k++)
-        for (int64_t j = 0; j < ncc; j++) out[k * ostride + jc + j] = blk[k][j] + 0.0;
+      for (int k = 0; k < 3; k++) norm_chan()->set_d(&out[k * ostride + jc], blk[k], ncc);
     }
     return;
   }

@@ -300,7 +300,9 @@ typedef struct norm_chan_ops {
                       int64_t n);
   void (*bwd_consts)(const double *t1, const double *t2, const double *t3, const double *kk,
                      double m, int xg, float *cgm, float *cda, float *cdb, float *cdd,
-                     double *S_out, int64_t n);
+                     float *dg, float *db_out, int64_t n);
+  void (*bwd_scale)(const float *gamma, const float *si, const double *id, double *k,
+                    int64_t n);
   void (*lower_x)(const float *a, const float *b, const float *c, float *xs, float *xo,
                   float *rho, float *cc, int64_t n);
   void (*lower_bwd)(const float *o, const float *rho, const float *cc, float *k, int64_t cs,
@@ -314,6 +316,9 @@ typedef struct norm_chan_ops {
   void (*row_partials)(double *pg, double *pb, const float *ag, const float *ab, int first,
                        int64_t n);
   void (*add_d)(double *q, const double *p, int64_t n);
+  void (*xhat_consts_f)(const float *sm, const float *si, float *ca, float *cb, float *cc,
+                        int64_t n);
+  void (*set_d)(double *q, const double *p, int64_t n);
 } norm_chan_ops;
 const norm_chan_ops *norm_chan(void);
 extern const norm_chan_ops norm_chan_ops_base, norm_chan_ops_avx2, norm_chan_ops_avx512;

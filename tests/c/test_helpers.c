@@ -160,8 +160,14 @@ static void chan_run(const norm_chan_ops *o, int which, chan_io *io, int n, doub
     }
     case 1: o->xhat_consts(d[0], d[1], f[4], f[5], f[6], n); break;
     case 2:
-      o->bwd_consts(d[0], d[1], d[2], d[3], m, eps != 0.0, f[4], f[5], f[6], f[7], d[4], n);
+      o->bwd_consts(d[0], d[1], d[2], d[3], m, eps != 0.0, f[4], f[5], f[6], f[7], f[8], f[9],
+                    n);
       break;
+    case 8: /* bwd_scale: a float invstd when m is 49, a double one when 3 */
+      o->bwd_scale(f[0], m == 3.0 ? NULL : f[1], d[1], d[4], n);
+      break;
+    case 10: o->xhat_consts_f(f[0], f[1], f[4], f[5], f[6], n); break;
+    case 11: o->set_d(d[4], d[0], n); break;
     case 3: o->lower_x(f[0], f[1], f[2], f[4], f[5], f[6], f[7], n); break;
     case 4: /* o: [C_COUNT][cs] with cs = N, the four backward rows at C_GM .. C_DD */
     {
@@ -229,8 +235,20 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
       TU_CHECK(same_f(o->f[4][k], gmf) && same_f(o->f[5][k], (float)kk) &&
                    same_f(o->f[6][k], (float)(-kk * soc)) &&
                    same_f(o->f[7][k], (float)(kk * s * soc + kk * ((double)gmf - mg))) &&
-                   same_d(o->d[4][k], S),
+                   same_f(o->f[8][k], (float)S) && same_f(o->f[9][k], (float)d0[k]),
                "bwd_consts formula, channel %d", k);
+    } else if (which == 10) {
+      const double mean = (double)f0[k], is = (double)f1[k];
+      const float af = (float)mean;
+      const double lo = mean - (double)af;
+      TU_CHECK(same_f(o->f[4][k], af) && same_f(o->f[5][k], (float)is) &&
+                   same_f(o->f[6][k], (float)(lo == 0.0 ? 0.0 : -lo * is)),
+               "xhat_consts_f formula, channel %d", k);
+    } else if (which == 11) {
+      TU_CHECK(same_d(o->d[4][k], d0[k] + 0.0), "set_d formula, channel %d", k);
+    } else if (which == 8) {
+      const double want = (double)f0[k] * (m == 3.0 ? d1[k] : (double)f1[k]);
+      TU_CHECK(same_d(o->d[4][k], want), "bwd_scale formula, channel %d", k);
     } else if (which == 5) {
       const double c = f1[k];
       TU_CHECK(same_d(o->d[1][k], (double)f0[k] * d1[k] + (c != 0.0 ? c * d0[k] : 0.0)) &&
@@ -275,8 +293,8 @@ static void chan_formula(int which, const chan_io *in, const chan_io *o, int n, 
 }
 
 static void check_chan(const char *isa, const norm_chan_ops *ops) {
-  for (int which = 0; which < 10; which++)
-    for (int seed = 0; seed < 6 && which != 8; seed++) /* 8 (fwd_tail) went into 0 */
+  for (int which = 0; which < 12; which++)
+    for (int seed = 0; seed < 6; seed++)
       for (int n = 0; n <= N; n++) {
         /* m: values per channel; eps (0 or 1e-5; bwd_consts: x given or not) */
         const double m = seed % 2 ? 3.0 : 49.0, eps = seed % 3 == 1 ? 0.0 : 1e-5;
